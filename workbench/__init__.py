@@ -1,0 +1,37 @@
+"""A Jupyter-first research workbench for multi-agent LLM systems trained with reinforcement learning.
+
+``import workbench as wb`` is cheap: heavy parts (torch, transformers, the store) load on first use.
+
+    topology = wb.load_topology("marsrl")
+    tasks = wb.generate_tasks("arithmetic", n=8, seed=0)
+    result = wb.rollout(topology, tasks, model="smollm2-135m")
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "load_topology": ("workbench.topology", "load"),
+    "Topology": ("workbench.topology", "Topology"),
+    "generate_tasks": ("workbench.tasks", "generate"),
+    "load_tasks": ("workbench.tasks", "load_tasks"),
+    "Task": ("workbench.tasks", "Task"),
+    "resolve_model": ("workbench.models", "resolve"),
+    "rollout": ("workbench.rollout", "rollout"),
+    "RunReader": ("workbench.store", "RunReader"),
+    "list_runs": ("workbench.store", "list_runs"),
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'workbench' has no attribute '{name}'") from None
+    return getattr(importlib.import_module(module), attr)

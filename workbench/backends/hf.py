@@ -1,0 +1,133 @@
+"""Generation with transformers ``generate``: the small CPU fallback backend.
+
+Concurrent requests (many agents of many episodes at once) are collected by a micro-batcher
+and decoded together in one left-padded ``generate`` call per sampling setting. Log-probs are
+those of the raw model distribution for the sampled tokens (as vLLM reports by default).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from workbench.backends.base import Generation, GenerationRequest
+
+
+class HFBackend:
+    """A transformers model behind the async backend interface."""
+
+    name = "hf"
+
+    def __init__(self, model: str | Path | Any, tokenizer: Any = None, max_batch: int = 32, dtype: str = "float32"):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if isinstance(model, str | Path):
+            from workbench.models import resolve
+
+            path = resolve(str(model))
+            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+            self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
+        else:
+            self.model, self.tokenizer = model, tokenizer
+        self.model.eval()
+        self.max_batch = max_batch
+        self.policy_version = 0
+        self._queue: list[tuple[GenerationRequest, asyncio.Future]] = []
+        self._wakeup: asyncio.Event | None = None
+        self._worker: asyncio.Task | None = None
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        loop = asyncio.get_running_loop()
+        if self._worker is None or self._worker.done() or self._worker.get_loop() is not loop:
+            self._wakeup = asyncio.Event()
+            self._worker = loop.create_task(self._serve())
+        future: asyncio.Future = loop.create_future()
+        self._queue.append((request, future))
+        self._wakeup.set()
+        return await future
+
+    async def _serve(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            await asyncio.sleep(0)  # let every ready coroutine enqueue before we batch
+            self._wakeup.clear()
+            pending, self._queue = self._queue, []
+            groups: dict[tuple, list] = defaultdict(list)
+            for request, future in pending:
+                groups[(request.max_tokens, request.temperature, request.top_p, request.seed)].append(
+                    (request, future)
+                )
+            for items in groups.values():
+                for start in range(0, len(items), self.max_batch):
+                    batch = items[start : start + self.max_batch]
+                    try:
+                        results = await asyncio.to_thread(self._generate_batch, [r for r, _ in batch])
+                    except Exception as error:  # noqa: BLE001 - hand the failure to every waiter
+                        for _, future in batch:
+                            if not future.done():
+                                future.set_exception(error)
+                        continue
+                    for (_, future), result in zip(batch, results, strict=True):
+                        if not future.done():
+                            future.set_result(result)
+
+    def _generate_batch(self, requests: list[GenerationRequest]) -> list[Generation]:
+        import torch
+
+        started = time.perf_counter()
+        first = requests[0]
+        pad_id = self.tokenizer.pad_token_id
+        if pad_id is None:
+            pad_id = self.tokenizer.eos_token_id
+        width = max(len(r.prompt_ids) for r in requests)
+        input_ids = torch.full((len(requests), width), pad_id, dtype=torch.long)
+        attention = torch.zeros((len(requests), width), dtype=torch.long)
+        for i, r in enumerate(requests):
+            input_ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+            attention[i, width - len(r.prompt_ids) :] = 1
+        greedy = first.temperature == 0.0
+        if first.seed is not None:
+            torch.manual_seed(first.seed)
+        with torch.no_grad():
+            out = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention,
+                max_new_tokens=first.max_tokens,
+                do_sample=not greedy,
+                temperature=None if greedy else first.temperature,
+                top_p=None if greedy else first.top_p,
+                top_k=None,
+                pad_token_id=pad_id,
+                eos_token_id=self.tokenizer.eos_token_id,
+                return_dict_in_generate=True,
+                output_logits=True,
+            )
+        new_tokens = out.sequences[:, width:]
+        logprobs = torch.stack(out.logits, dim=1).float().log_softmax(-1)
+        chosen = logprobs.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        elapsed = time.perf_counter() - started
+        results = []
+        eos = self.tokenizer.eos_token_id
+        for i in range(len(requests)):
+            ids = new_tokens[i].tolist()
+            n = ids.index(eos) + 1 if eos in ids else len(ids)
+            finish = "stop" if eos in ids[:n] else "length"
+            results.append(
+                Generation(
+                    completion_ids=ids[:n],
+                    logprobs=chosen[i, :n].tolist(),
+                    text=self.tokenizer.decode(ids[:n], skip_special_tokens=True),
+                    finish_reason=finish,
+                    policy_version=self.policy_version,
+                    timings={"generate_s": elapsed, "batch_size": float(len(requests))},
+                )
+            )
+        return results
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()

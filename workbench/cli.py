@@ -1,0 +1,155 @@
+"""The ``workbench`` command: models, topologies, tasks, rollouts, runs and the demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+
+def _models(args: argparse.Namespace) -> int:
+    from workbench import models
+
+    if args.action == "list":
+        for name in models.list_models():
+            print(name)
+        return 0
+    path = models.prepare(args.name) if hasattr(models, "prepare") else models.resolve(args.name)
+    print(path)
+    return 0
+
+
+def _topology(args: argparse.Namespace) -> int:
+    from workbench import topology
+
+    if args.action == "list":
+        print("\n".join(topology.library()))
+    elif args.action == "schema":
+        print(json.dumps(topology.json_schema(), indent=2))
+    elif args.action == "show":
+        print(topology.to_yaml(topology.load(args.source)), end="")
+    else:  # validate
+        spec = topology.load(args.source)
+        print(f"ok: '{spec.name}' has {len(spec.roles)} roles and {len(spec.flow.nodes)} flow nodes")
+    return 0
+
+
+def _tasks(args: argparse.Namespace) -> int:
+    from workbench import tasks
+
+    if args.action == "list":
+        print("\n".join(tasks.list_generators()))
+        return 0
+    generated = tasks.generate(args.name, n=args.n, seed=args.seed)
+    if args.out:
+        tasks.save_jsonl(generated, args.out)
+        print(f"wrote {len(generated)} tasks to {args.out}")
+    else:
+        for task in generated:
+            print(json.dumps(task.to_dict()))
+    return 0
+
+
+def _rollout(args: argparse.Namespace) -> int:
+    from workbench import tasks
+    from workbench.rollout import rollout
+
+    if os.path.exists(args.tasks):
+        task_list = tasks.load_tasks(args.tasks)[: args.n]
+    else:
+        task_list = tasks.generate(args.tasks, n=args.n, seed=args.seed)
+    result = rollout(
+        args.topology,
+        task_list,
+        model=args.model,
+        backend=args.backend,
+        samples=args.samples,
+        max_tokens=args.max_tokens,
+        runs_dir=args.runs_dir,
+        seed=args.seed,
+    )
+    print(result)
+    print(result.summary().to_string(float_format=lambda x: f"{x:.2f}"))
+    return 0
+
+
+def _runs(args: argparse.Namespace) -> int:
+    from workbench.store import list_runs
+
+    runs = list_runs(args.runs_dir)
+    print(runs.to_string(index=False) if len(runs) else f"no runs in {args.runs_dir}")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from workbench.demo import main
+
+    return main(model=args.model, n_tasks=args.n, max_tokens=args.max_tokens, runs_dir=args.runs_dir)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="workbench", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("models", help="list or prepare local models")
+    p.add_argument("action", choices=["list", "prepare"])
+    p.add_argument("name", nargs="?", default="smollm2-135m")
+    p.set_defaults(func=_models)
+
+    p = sub.add_parser("topology", help="list, show, validate topologies or print their JSON Schema")
+    p.add_argument("action", choices=["list", "show", "validate", "schema"])
+    p.add_argument("source", nargs="?", default="marsrl", help="built-in name or YAML/JSON file")
+    p.set_defaults(func=_topology)
+
+    p = sub.add_parser("tasks", help="list task generators or generate tasks")
+    p.add_argument("action", choices=["list", "generate"])
+    p.add_argument("name", nargs="?", default="arithmetic")
+    p.add_argument("--n", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="JSONL file to write (default: print)")
+    p.set_defaults(func=_tasks)
+
+    p = sub.add_parser("rollout", help="run a topology over tasks and store the calls")
+    p.add_argument("topology", help="built-in name or YAML/JSON file")
+    p.add_argument("--tasks", default="arithmetic", help="generator name or a JSONL/Parquet file")
+    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--samples", type=int, default=1)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--backend", default="hf")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_rollout)
+
+    p = sub.add_parser("runs", help="list the runs in a directory")
+    p.add_argument("runs_dir", nargs="?", default="runs")
+    p.set_defaults(func=_runs)
+
+    p = sub.add_parser("demo", help="the main job: a short MarsRL rollout on the local model")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--n", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--runs-dir", default="runs")
+    p.set_defaults(func=_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 - the command line shows one clear line, not a traceback
+        if os.environ.get("WORKBENCH_DEBUG"):
+            raise
+        message = str(error).strip() or type(error).__name__
+        print(f"error: {message}\n(set WORKBENCH_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

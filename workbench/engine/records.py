@@ -1,0 +1,41 @@
+"""What a rollout produces: an episode is a tree of calls, each with exact tokens and log-probs."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class CallRecord:
+    role: str
+    node: str
+    position: int
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    prompt_text: str
+    completion_text: str
+    finish_reason: str
+    policy: str
+    policy_version: int
+    trainable: bool
+    parent: int | None = None  # position of the parent call within the episode (nested agents)
+    parsed: Any = None
+    format_error: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class EpisodeRecord:
+    task_id: str
+    group: str
+    sample: int
+    answer: str = ""
+    status: str = "complete"  # complete | call_limit | error
+    error: str | None = None
+    variables: dict[str, Any] = field(default_factory=dict)
+    calls: list[CallRecord] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,102 @@
+"""Verifiers: score a predicted answer against a task's reference, by the verifier name the task carries."""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Callable
+from fractions import Fraction
+
+from workbench.engine.parsers import last_boxed
+
+Verifier = Callable[[str, str], float]
+VERIFIERS: dict[str, Verifier] = {}
+
+
+def register(*names: str) -> Callable[[Verifier], Verifier]:
+    def add(fn: Verifier) -> Verifier:
+        for name in names:
+            VERIFIERS[name] = fn
+        return fn
+
+    return add
+
+
+def verify(verifier: str, prediction: str, reference: str) -> float:
+    """Score in [0, 1]; an unknown verifier name is an error that lists the known ones."""
+    try:
+        fn = VERIFIERS[verifier]
+    except KeyError:
+        raise ValueError(f"unknown verifier '{verifier}'; known: {', '.join(sorted(VERIFIERS))}") from None
+    return fn(prediction, reference)
+
+
+def _number(text: str) -> Fraction | None:
+    text = text.strip().replace(",", "").replace("$", "").rstrip(".")
+    m = re.fullmatch(r"-?\d+(?:\.\d+)?(?:/\d+)?", text)
+    if not m:
+        return None
+    try:
+        return Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def _final_answer(prediction: str) -> str:
+    """The boxed answer if there is one, else the last number, else the stripped text."""
+    boxed = last_boxed(prediction)
+    if boxed is not None:
+        return boxed
+    numbers = re.findall(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?", prediction)
+    return numbers[-1] if numbers else prediction.strip()
+
+
+@register("boxed_math", "math", "number")
+def math_equal(prediction: str, reference: str) -> float:
+    """Numeric equality of the final answer (boxed, else last number) with the reference."""
+    answer = _final_answer(prediction)
+    a, b = _number(answer), _number(reference)
+    if a is not None and b is not None:
+        return float(a == b)
+    return float(_normalise(answer) == _normalise(reference))
+
+
+@register("mod23_int")
+def mod23_equal(prediction: str, reference: str) -> float:
+    answer = _number(_final_answer(prediction))
+    ref = _number(reference)
+    if answer is None or ref is None or answer.denominator != 1 or ref.denominator != 1:
+        return 0.0
+    return float(int(answer) % 23 == int(ref) % 23)
+
+
+def _normalise(text: str) -> str:
+    text = text.lower().strip()
+    text = "".join(ch for ch in text if ch not in string.punctuation)
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+@register("exact", "exact_match", "em")
+def exact_match(prediction: str, reference: str) -> float:
+    return float(_normalise(_final_answer_text(prediction)) == _normalise(reference))
+
+
+@register("f1", "token_f1")
+def token_f1(prediction: str, reference: str) -> float:
+    pred = _normalise(_final_answer_text(prediction)).split()
+    ref = _normalise(reference).split()
+    common = sum((Counter(pred) & Counter(ref)).values())
+    if not pred or not ref or common == 0:
+        return float(pred == ref)
+    precision, recall = common / len(pred), common / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+def _final_answer_text(prediction: str) -> str:
+    boxed = last_boxed(prediction)
+    if boxed is not None:
+        return boxed
+    m = re.findall(r"<answer>(.*?)</answer>", prediction, flags=re.S)
+    return m[-1] if m else prediction

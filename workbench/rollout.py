@@ -1,0 +1,185 @@
+"""``wb.rollout``: run a topology over tasks on a model and store every call in a new run.
+
+This is the notebook- and CLI-facing entry point; the engine itself lives in
+``workbench.engine`` and the storage in ``workbench.store``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workbench.backends import Backend, make_backend
+from workbench.engine import EpisodeRecord, Rollout
+from workbench.engine.runner import run_sync
+from workbench.rewards import verify
+from workbench.tasks import Task
+from workbench.topology import Topology, load, to_dict
+
+
+@dataclass
+class RolloutResult:
+    """The episodes of one rollout and where they were stored."""
+
+    run_dir: Path
+    episodes: list[EpisodeRecord]
+    rewards: list[float]
+    seconds: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def accuracy(self) -> float:
+        return sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
+
+    def summary(self) -> Any:
+        """Per-role table: calls, mean completion tokens, format failures, truncations."""
+        import pandas as pd
+
+        rows = [
+            {
+                "role": c.role,
+                "tokens": len(c.completion_ids),
+                "format_failure": c.format_error is not None,
+                "truncated": c.finish_reason == "length",
+            }
+            for e in self.episodes
+            for c in e.calls
+        ]
+        if not rows:
+            return pd.DataFrame(columns=["calls", "mean_tokens", "format_failures", "truncated"])
+        df = pd.DataFrame(rows)
+        return df.groupby("role", sort=False).agg(
+            calls=("tokens", "size"),
+            mean_tokens=("tokens", "mean"),
+            format_failures=("format_failure", "mean"),
+            truncated=("truncated", "mean"),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"RolloutResult({len(self.episodes)} episodes, accuracy {self.accuracy:.2f}, "
+            f"{self.seconds:.1f} s, stored in {self.run_dir})"
+        )
+
+    def _repr_html_(self) -> str:
+        return f"<p>{self!r}</p>" + self.summary().to_html(float_format=lambda x: f"{x:.2f}")
+
+
+def rollout(
+    topology: Topology | str,
+    tasks: list[Task],
+    model: str = "smollm2-135m",
+    backend: str | Backend = "hf",
+    samples: int = 1,
+    max_tokens: int | None = None,
+    runs_dir: str | Path = "runs",
+    run_id: str | None = None,
+    seed: int = 0,
+) -> RolloutResult:
+    """Run ``topology`` on every task (``samples`` episodes each) and store the calls as step 0 of a new run."""
+    from workbench.store import RunStore
+
+    if isinstance(topology, str):
+        topology = load(topology)
+    if not tasks:
+        raise ValueError("no tasks to roll out: generate some with wb.generate_tasks or load a file")
+    engine_backend = make_backend(backend, model) if isinstance(backend, str) else backend
+    config = {
+        "kind": "rollout",
+        "topology": to_dict(topology),
+        "model": model,
+        "backend": backend if isinstance(backend, str) else type(backend).__name__,
+        "samples": samples,
+        "max_tokens": max_tokens,
+        "seed": seed,
+        "tasks": len(tasks),
+    }
+    store = RunStore.create(runs_dir, config=config, run_id=run_id, name=f"{topology.name} rollout")
+    try:
+        started = time.perf_counter()
+        engine = Rollout(topology, engine_backend, max_tokens=max_tokens, seed=seed)
+        episodes = run_sync(lambda: engine.run(tasks, samples=samples))
+        by_id = {t.id: t for t in tasks}
+        rewards = [verify(by_id[e.task_id].verifier, e.answer, by_id[e.task_id].answer) for e in episodes]
+        seconds = time.perf_counter() - started
+        metrics = write_step(store, 0, topology, episodes, rewards, by_id, seconds)
+        store.set_status("complete")
+    except BaseException:
+        store.set_status("failed")
+        raise
+    finally:
+        store.close()
+        if isinstance(backend, str):
+            engine_backend.close()
+    return RolloutResult(store.run_dir, episodes, rewards, seconds, metrics)
+
+
+def write_step(
+    store: Any,
+    index: int,
+    topology: Topology,
+    episodes: list[EpisodeRecord],
+    rewards: list[float],
+    tasks: dict[str, Task],
+    seconds: float,
+) -> dict[str, float]:
+    """Store one step's episodes and calls with its per-role metrics; returns the step metrics."""
+    from workbench.store import OWNER_OTHER, OWNER_TRAINABLE
+
+    metrics: dict[str, float] = {
+        "reward/mean": sum(rewards) / len(rewards),
+        "episodes": float(len(episodes)),
+        "time/rollout_s": seconds,
+    }
+    per_role: dict[str, dict[str, list[float]]] = {}
+    with store.step(index, policy_version=0) as step:
+        for episode, reward in zip(episodes, rewards, strict=True):
+            task = tasks[episode.task_id]
+            episode_id = step.add_episode(
+                task_id=episode.task_id,
+                group_key=episode.group,
+                metadata={**task.metadata, "answer": task.answer, "sample": episode.sample},
+                reward=reward,
+                status=episode.status,
+                error=episode.error,
+            )
+            call_ids: list[int] = []
+            for call in episode.calls:
+                owner = OWNER_TRAINABLE if call.trainable else OWNER_OTHER
+                call_ids.append(
+                    step.add_call(
+                        episode_id,
+                        role=call.role,
+                        parent_id=call_ids[call.parent] if call.parent is not None else None,
+                        position=call.position,
+                        policy=call.policy,
+                        prompt_ids=call.prompt_ids,
+                        completion_ids=call.completion_ids,
+                        logprobs=call.logprobs,
+                        mask=[owner] * len(call.completion_ids),
+                        prompt_text=call.prompt_text,
+                        completion_text=call.completion_text,
+                        parsed=call.parsed,
+                        policy_version=call.policy_version,
+                        timings={**call.timings, "finish_reason": call.finish_reason},
+                        format_error=call.format_error,
+                    )
+                )
+                stats = per_role.setdefault(call.role, {"tokens": [], "format_failure": [], "truncated": []})
+                stats["tokens"].append(len(call.completion_ids))
+                stats["format_failure"].append(float(call.format_error is not None))
+                stats["truncated"].append(float(call.finish_reason == "length"))
+        step.log_metrics(metrics)
+        for role, stats in per_role.items():
+            step.log_metrics(
+                {
+                    "calls": float(len(stats["tokens"])),
+                    "completion_tokens/mean": sum(stats["tokens"]) / len(stats["tokens"]),
+                    "format_failure/rate": sum(stats["format_failure"]) / len(stats["tokens"]),
+                    "truncated/rate": sum(stats["truncated"]) / len(stats["tokens"]),
+                },
+                role=role,
+            )
+    return metrics
