@@ -46,7 +46,9 @@ def test_pinned_packages_agree_with_pyproject():
     pins = _pins([p for p in pip if not p.startswith("-e")])
     assert pins, "environment.yml pins nothing"
     for name, version in pins.items():
-        assert declared.get(name) == version, f"{name}=={version} in environment.yml, {declared.get(name)} in pyproject"
+        assert declared.get(name) == version, (
+            f"{name}=={version} in environment.yml, {declared.get(name)} in pyproject"
+        )
     assert pins["vllm"] == _pins(project["optional-dependencies"]["gpu"])["vllm"]
     assert pins["torch"] == declared["torch"]
 

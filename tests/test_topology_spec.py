@@ -19,8 +19,14 @@ def test_builtin_marsrl_loads_and_round_trips_through_yaml_and_json():
 def test_builder_api_gives_the_same_spec_as_yaml():
     spec = topo.Topology(
         name="single",
-        roles={"solver": topo.Role(messages=[topo.Message(role="user", content="{{ question }}")], parser="boxed")},
-        flow=topo.Flow(start="solve", nodes={"solve": topo.CallNode(call="solver", bind={"solution": "text"})}),
+        roles={
+            "solver": topo.Role(
+                messages=[topo.Message(role="user", content="{{ question }}")], parser="boxed"
+            )
+        },
+        flow=topo.Flow(
+            start="solve", nodes={"solve": topo.CallNode(call="solver", bind={"solution": "text"})}
+        ),
     )
     assert topo.validate(spec) is spec
     assert topo.from_yaml(topo.to_yaml(spec)) == spec
@@ -34,14 +40,20 @@ def _marsrl() -> dict:
     ("mutate", "path"),
     [
         (lambda d: d["flow"]["nodes"]["solve"].update(call="nobody"), "flow.nodes.solve.call"),
-        (lambda d: d["flow"]["nodes"]["verify1"]["next"][0].update(goto="nowhere"), "flow.nodes.verify1.next[0].goto"),
+        (
+            lambda d: d["flow"]["nodes"]["verify1"]["next"][0].update(goto="nowhere"),
+            "flow.nodes.verify1.next[0].goto",
+        ),
         (lambda d: d["roles"]["solver"].update(parser="nonsense"), "roles.solver.parser"),
         (lambda d: d["roles"]["solver"].update(policy="other"), "roles.solver.policy"),
         (
             lambda d: d["roles"]["verifier1"]["messages"][1].update(content="{{ undefined_thing }}"),
             "roles.verifier1.messages[1].content",
         ),
-        (lambda d: d["flow"]["nodes"]["verify1"]["next"][0].update(when="verdict ==="), "flow.nodes.verify1.next[0].when"),
+        (
+            lambda d: d["flow"]["nodes"]["verify1"]["next"][0].update(when="verdict ==="),
+            "flow.nodes.verify1.next[0].when",
+        ),
         (lambda d: d["flow"].update(start="missing"), "flow.start"),
         (lambda d: d["roles"]["solver"]["sampling"].update(max_tokens=0), "roles.solver.sampling.max_tokens"),
         (lambda d: d["roles"]["solver"].update(colour="red"), "roles.solver.colour"),

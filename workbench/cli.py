@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the main job: a short MarsRL rollout on the local model")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--n", type=int, default=4)
-    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--runs-dir", default="runs")
     p.set_defaults(func=_demo)
     return parser

@@ -15,7 +15,7 @@ def main(
     model: str = "smollm2-135m",
     topology: str = "marsrl",
     n_tasks: int = 4,
-    max_tokens: int = 96,
+    max_tokens: int = 64,
     runs_dir: str | Path = "runs",
     seed: int = 0,
 ) -> int:
@@ -23,8 +23,11 @@ def main(
     from workbench.store import RunReader
     from workbench.tasks import generate
 
-    tasks = generate("arithmetic", n=n_tasks, seed=seed, level=1)
-    print(f"==> rolling out '{topology}' on {model}: {len(tasks)} arithmetic problems, <= {max_tokens} tokens a call")
+    # SmolLM2-135M rarely writes \\boxed{} unprompted: ask for just the number, as DESIGN.md advises.
+    tasks = generate("arithmetic", n=n_tasks, seed=seed, level=1, format="plain")
+    print(
+        f"==> rolling out '{topology}' on {model}: {len(tasks)} arithmetic problems, <= {max_tokens} tokens a call"
+    )
     result = rollout(topology, tasks, model=model, max_tokens=max_tokens, runs_dir=runs_dir, seed=seed)
     reader = RunReader(result.run_dir)
     calls = reader.calls()
@@ -36,5 +39,7 @@ def main(
     for call in first.calls:
         text = textwrap.shorten(call.completion_text.replace("\n", " "), 110)
         print(f"  [{call.role}] {text}")
-    print(f"\ninspect it: python -c \"import workbench as wb; print(wb.RunReader('{result.run_dir}').calls())\"")
+    print(
+        f"\ninspect it: python -c \"import workbench as wb; print(wb.RunReader('{result.run_dir}').calls())\""
+    )
     return 0

@@ -96,8 +96,11 @@ def rollout(
         "seed": seed,
         "tasks": len(tasks),
     }
-    store = RunStore.create(runs_dir, config=config, run_id=run_id, name=f"{topology.name} rollout")
+    store = RunStore.create(
+        runs_dir, config=config, run_id=run_id, name=f"{topology.name} rollout", topology=topology.name
+    )
     try:
+        store.set_status("running")
         started = time.perf_counter()
         engine = Rollout(topology, engine_backend, max_tokens=max_tokens, seed=seed)
         episodes = run_sync(lambda: engine.run(tasks, samples=samples))
@@ -105,7 +108,7 @@ def rollout(
         rewards = [verify(by_id[e.task_id].verifier, e.answer, by_id[e.task_id].answer) for e in episodes]
         seconds = time.perf_counter() - started
         metrics = write_step(store, 0, topology, episodes, rewards, by_id, seconds)
-        store.set_status("complete")
+        store.set_status("finished")
     except BaseException:
         store.set_status("failed")
         raise
@@ -126,7 +129,7 @@ def write_step(
     seconds: float,
 ) -> dict[str, float]:
     """Store one step's episodes and calls with its per-role metrics; returns the step metrics."""
-    from workbench.store import OWNER_OTHER, OWNER_TRAINABLE
+    from workbench.store import TokenOwner
 
     metrics: dict[str, float] = {
         "reward/mean": sum(rewards) / len(rewards),
@@ -140,14 +143,14 @@ def write_step(
             episode_id = step.add_episode(
                 task_id=episode.task_id,
                 group_key=episode.group,
-                metadata={**task.metadata, "answer": task.answer, "sample": episode.sample},
+                task_meta={**task.metadata, "answer": task.answer, "sample": episode.sample},
                 reward=reward,
                 status=episode.status,
                 error=episode.error,
             )
             call_ids: list[int] = []
             for call in episode.calls:
-                owner = OWNER_TRAINABLE if call.trainable else OWNER_OTHER
+                owner = TokenOwner.TRAINABLE if call.trainable else TokenOwner.MASKED
                 call_ids.append(
                     step.add_call(
                         episode_id,
@@ -161,7 +164,7 @@ def write_step(
                         mask=[owner] * len(call.completion_ids),
                         prompt_text=call.prompt_text,
                         completion_text=call.completion_text,
-                        parsed=call.parsed,
+                        action=call.parsed,
                         policy_version=call.policy_version,
                         timings={**call.timings, "finish_reason": call.finish_reason},
                         format_error=call.format_error,

@@ -21,7 +21,9 @@ class HFBackend:
 
     name = "hf"
 
-    def __init__(self, model: str | Path | Any, tokenizer: Any = None, max_batch: int = 32, dtype: str = "float32"):
+    def __init__(
+        self, model: str | Path | Any, tokenizer: Any = None, max_batch: int = 32, dtype: str = "float32"
+    ):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -93,7 +95,7 @@ class HFBackend:
         if first.seed is not None:
             torch.manual_seed(first.seed)
         with torch.no_grad():
-            out = self.model.generate(
+            sequences = self.model.generate(
                 input_ids=input_ids,
                 attention_mask=attention,
                 max_new_tokens=first.max_tokens,
@@ -103,12 +105,9 @@ class HFBackend:
                 top_k=None,
                 pad_token_id=pad_id,
                 eos_token_id=self.tokenizer.eos_token_id,
-                return_dict_in_generate=True,
-                output_logits=True,
             )
-        new_tokens = out.sequences[:, width:]
-        logprobs = torch.stack(out.logits, dim=1).float().log_softmax(-1)
-        chosen = logprobs.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+            new_tokens = sequences[:, width:]
+            chosen = self._logprobs(sequences, attention, width)
         elapsed = time.perf_counter() - started
         results = []
         eos = self.tokenizer.eos_token_id
@@ -127,6 +126,17 @@ class HFBackend:
                 )
             )
         return results
+
+    def _logprobs(self, sequences: Any, prompt_mask: Any, width: int) -> Any:
+        """Raw-model log-probs of the generated tokens, from one teacher-forced pass (cheaper than
+        keeping every step's logits during generation)."""
+        import torch
+
+        mask = torch.cat([prompt_mask, torch.ones_like(sequences[:, width:])], dim=1)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = self.model(input_ids=sequences, attention_mask=mask, position_ids=positions).logits
+        logprobs = logits[:, width - 1 : -1].float().log_softmax(-1)
+        return logprobs.gather(-1, sequences[:, width:].unsqueeze(-1)).squeeze(-1)
 
     def close(self) -> None:
         if self._worker is not None:

@@ -12,6 +12,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from workbench.answers import last_boxed, numbers
+
 
 class FormatError(ValueError):
     """A model output that does not follow the protocol its role was asked to use."""
@@ -40,23 +42,6 @@ def register_postprocess(name: str) -> Callable[[PostProcess], PostProcess]:
     return add
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` in ``text`` with nested braces balanced, else None."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    i = start + len("\\boxed{")
-    depth = 1
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i:j].strip()
-    return None
-
-
 @register_parser("boxed")
 def parse_boxed(text: str) -> dict[str, str]:
     """The answer inside the last ``\\boxed{}``."""
@@ -66,16 +51,13 @@ def parse_boxed(text: str) -> dict[str, str]:
     return {"answer": answer}
 
 
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-
-
 @register_parser("last_number")
 def parse_last_number(text: str) -> dict[str, str]:
     """The last number in the text (what small models answer when asked for 'just the number')."""
-    numbers = _NUMBER.findall(text.replace(",", ""))
-    if not numbers:
+    found = numbers(text)
+    if not found:
         raise FormatError("no number in the output")
-    return {"answer": numbers[-1]}
+    return {"answer": found[-1]}
 
 
 _VERDICT = re.compile(r"\b(correct|wrong|incorrect)\b")

@@ -23,7 +23,9 @@ from workbench.topology.spec import END, Role, Topology
 if TYPE_CHECKING:
     from workbench.tasks import Task
 
-_env = jinja2.sandbox.ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+_env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+    undefined=jinja2.StrictUndefined, keep_trailing_newline=True
+)
 _lenient = jinja2.sandbox.ImmutableSandboxedEnvironment()
 
 
@@ -42,7 +44,9 @@ class Rollout:
             backends = {name: backends for name in topology.policies}
         missing = set(topology.policies) - set(backends)
         if missing:
-            raise ValueError(f"no backend for policies {sorted(missing)}; pass one per policy in the topology")
+            raise ValueError(
+                f"no backend for policies {sorted(missing)}; pass one per policy in the topology"
+            )
         self.backends = backends
         self.max_tokens = max_tokens
         self.seed = seed
@@ -86,7 +90,9 @@ class Rollout:
         record.variables = {k: v for k, v in variables.items() if k != "task"}
         return record
 
-    async def _call(self, node: str, role_name: str, variables: dict, position: int, sample: int) -> CallRecord:
+    async def _call(
+        self, node: str, role_name: str, variables: dict, position: int, sample: int
+    ) -> CallRecord:
         role: Role = self.topology.roles[role_name]
         backend = self.backends[role.policy]
         messages = [

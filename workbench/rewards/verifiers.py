@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Callable
 from fractions import Fraction
 
-from workbench.engine.parsers import last_boxed
+from workbench.answers import all_boxed, last_boxed, numbers
 
 Verifier = Callable[[str, str], float]
 VERIFIERS: dict[str, Verifier] = {}
@@ -48,8 +48,8 @@ def _final_answer(prediction: str) -> str:
     boxed = last_boxed(prediction)
     if boxed is not None:
         return boxed
-    numbers = re.findall(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?", prediction)
-    return numbers[-1] if numbers else prediction.strip()
+    found = numbers(prediction)
+    return found[-1] if found else prediction.strip()
 
 
 @register("boxed_math", "math", "number")
@@ -69,6 +69,41 @@ def mod23_equal(prediction: str, reference: str) -> float:
     if answer is None or ref is None or answer.denominator != 1 or ref.denominator != 1:
         return 0.0
     return float(int(answer) % 23 == int(ref) % 23)
+
+
+ANSWER_SEPARATOR = "<<horizon>>"  # how multi-answer references join their answers (as MASBench does)
+
+
+def _predicted_list(prediction: str, expected: int) -> list[str]:
+    """One answer per sub-problem: from 'Problem k: ...' lines, else every \\boxed{}, in order."""
+    per_problem: dict[int, str] = {}
+    for k, line in re.findall(r"Problem\s+(\d+)\s*[:.)-]\s*(.*)", prediction):
+        found = all_boxed(line) or numbers(line)
+        if found:
+            per_problem[int(k)] = found[-1]
+    if len(per_problem) == expected:
+        return [per_problem[k] for k in sorted(per_problem)]
+    return all_boxed(prediction)
+
+
+@register("mod23_list")
+def mod23_list_equal(prediction: str, reference: str) -> float:
+    """All-or-nothing: every sub-problem's answer equals its reference mod 23."""
+    gold = reference.split(ANSWER_SEPARATOR)
+    predicted = _predicted_list(prediction, len(gold))
+    if len(predicted) != len(gold):
+        return 0.0
+    return float(all(mod23_equal(p, g) for p, g in zip(predicted, gold, strict=True)))
+
+
+@register("boxed_list")
+def boxed_list_equal(prediction: str, reference: str) -> float:
+    """All-or-nothing: the k-th ``\\boxed{}`` answers the k-th item, and the counts agree."""
+    gold = reference.split(ANSWER_SEPARATOR)
+    predicted = all_boxed(prediction)
+    if len(predicted) != len(gold):
+        return 0.0
+    return float(all(math_equal(p, g) for p, g in zip(predicted, gold, strict=True)))
 
 
 def _normalise(text: str) -> str:

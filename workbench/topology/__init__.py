@@ -5,7 +5,25 @@ from workbench.topology.spec import END, Branch, CallNode, Flow, Message, Policy
 from workbench.topology.validate import Problem, TopologyError, check, validate
 
 __all__ = [
-    "END", "Branch", "CallNode", "Flow", "Message", "Policy", "Problem", "Role", "Sampling", "Topology",
-    "TopologyError", "check", "from_dict", "from_yaml", "json_schema", "library", "load", "to_dict",
-    "to_json", "to_yaml", "validate",
+    "END",
+    "Branch",
+    "CallNode",
+    "Flow",
+    "Message",
+    "Policy",
+    "Problem",
+    "Role",
+    "Sampling",
+    "Topology",
+    "TopologyError",
+    "check",
+    "from_dict",
+    "from_yaml",
+    "json_schema",
+    "library",
+    "load",
+    "to_dict",
+    "to_json",
+    "to_yaml",
+    "validate",
 ]

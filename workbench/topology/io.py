@@ -23,7 +23,9 @@ def library() -> list[str]:
 def from_dict(data: Any, name: str = "topology") -> Topology:
     """Build and validate a topology from plain data."""
     if not isinstance(data, dict):
-        raise TopologyError(name, [Problem("(top level)", "a topology is a mapping with name, roles and flow")])
+        raise TopologyError(
+            name, [Problem("(top level)", "a topology is a mapping with name, roles and flow")]
+        )
     try:
         topology = Topology.model_validate(data)
     except ValidationError as e:

@@ -69,12 +69,16 @@ def check(topology: Topology) -> list[Problem]:
             )
         if role.parser is not None and role.parser not in PARSERS:
             problems.append(
-                Problem(f"{base}.parser", f"unknown parser '{role.parser}'; known: {', '.join(sorted(PARSERS))}")
+                Problem(
+                    f"{base}.parser", f"unknown parser '{role.parser}'; known: {', '.join(sorted(PARSERS))}"
+                )
             )
         for i, step in enumerate(role.postprocess):
             if step not in POSTPROCESS:
                 known = ", ".join(sorted(POSTPROCESS))
-                problems.append(Problem(f"{base}.postprocess[{i}]", f"unknown post-processor '{step}'; known: {known}"))
+                problems.append(
+                    Problem(f"{base}.postprocess[{i}]", f"unknown post-processor '{step}'; known: {known}")
+                )
         for i, message in enumerate(role.messages):
             path = f"{base}.messages[{i}].content"
             for var in sorted(_variables(message.content, path, problems, expression=False) - provided):
@@ -85,13 +89,17 @@ def check(topology: Topology) -> list[Problem]:
             problems.append(Problem(f"{base}.messages", "a role needs at least one message"))
 
     if flow.start not in flow.nodes:
-        problems.append(Problem("flow.start", f"unknown node '{flow.start}'; use one of {sorted(flow.nodes)}"))
+        problems.append(
+            Problem("flow.start", f"unknown node '{flow.start}'; use one of {sorted(flow.nodes)}")
+        )
     for name, node in flow.nodes.items():
         base = f"flow.nodes.{name}"
         if name == END:
             problems.append(Problem(base, f"'{END}' is reserved for the end of an episode; rename the node"))
         if node.call not in roles:
-            problems.append(Problem(f"{base}.call", f"unknown role '{node.call}'; use one of {sorted(roles)}"))
+            problems.append(
+                Problem(f"{base}.call", f"unknown role '{node.call}'; use one of {sorted(roles)}")
+            )
         for var, expr in node.bind.items():
             path = f"{base}.bind.{var}"
             readable = OUTPUT_VARIABLES | provided
@@ -100,7 +108,9 @@ def check(topology: Topology) -> list[Problem]:
         for i, branch in enumerate(node.next):
             if branch.goto != END and branch.goto not in flow.nodes:
                 problems.append(
-                    Problem(f"{base}.next[{i}].goto", f"unknown node '{branch.goto}'; use a node name or '{END}'")
+                    Problem(
+                        f"{base}.next[{i}].goto", f"unknown node '{branch.goto}'; use a node name or '{END}'"
+                    )
                 )
             if branch.when is not None:
                 path = f"{base}.next[{i}].when"
@@ -113,7 +123,9 @@ def check(topology: Topology) -> list[Problem]:
     reachable = _reachable(topology)
     for name in flow.nodes:
         if name not in reachable and flow.start in flow.nodes:
-            problems.append(Problem(f"flow.nodes.{name}", "unreachable from flow.start; connect it or remove it"))
+            problems.append(
+                Problem(f"flow.nodes.{name}", "unreachable from flow.start; connect it or remove it")
+            )
     return problems
 
 
