@@ -65,7 +65,7 @@ test: env-test chromium
 	@echo "==> ruff"
 	$(VENV)/bin/ruff check .
 	@echo "==> pytest (unit, integration, notebooks, browser, quick benchmarks)"
-	$(VENV)/bin/pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n 2 --dist loadfile tests notebooks --nbval-lax $(PYTEST_ARGS)
 
 lint: env-test
 	$(VENV)/bin/ruff check .

@@ -13,11 +13,11 @@ def _models(args: argparse.Namespace) -> int:
     from workbench import models
 
     if args.action == "list":
-        for name in models.list_models():
-            print(name)
+        for info in models.list_models():
+            state = f"cached at {info.path}" if info.cached else "not built yet"
+            print(f"{info.name:14} {state}\n{'':14} {info.description}")
         return 0
-    path = models.prepare(args.name) if hasattr(models, "prepare") else models.resolve(args.name)
-    print(path)
+    print(models.prepare(args.name))
     return 0
 
 

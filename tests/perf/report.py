@@ -1,0 +1,61 @@
+"""Writes the README's performance section from the benchmarks' JSON results (never by hand).
+
+    python -m tests.perf.report            # reads tests/perf/results/*.json, rewrites README.md
+
+Each benchmark's JSON is rendered by a function below; the section sits between the
+``<!-- perf:begin -->`` and ``<!-- perf:end -->`` markers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = Path(__file__).parent / "results"
+BEGIN, END = "<!-- perf:begin -->", "<!-- perf:end -->"
+
+
+def render_store(r: dict) -> str:
+    ingest = r["ingest"]
+    m = r["machine"]
+    lines = [
+        f"**Run store** ({r['mode']} mode, {r['calls']:,} calls with {r['prompt_tokens']}-token prompts and "
+        f"{r['completion_tokens']}-token completions, {m['cpus']} CPUs, SQLite {m['sqlite']}, {r['when']}):",
+        "",
+        "| measure | value |",
+        "|---|---|",
+        f"| ingest through `RunStore` | {ingest['store_calls_per_s']:,} calls/s |",
+        f"| raw `sqlite3.executemany` of the same rows, same run | {ingest['raw_sqlite_calls_per_s']:,} calls/s |",
+        f"| store overhead (raw rate / store rate) | {ingest['overhead_ratio']:.2f}x |",
+        f"| database size | {ingest['db_mb']:.0f} MB |",
+    ]
+    lines += [f"| query: {name} | {q['ms']:.1f} ms |" for name, q in r["queries"].items()]
+    return "\n".join(lines)
+
+
+RENDERERS = {"store": render_store}
+
+
+def section() -> str:
+    parts = []
+    for path in sorted(RESULTS.glob("*.json")):
+        result = json.loads(path.read_text())
+        render = RENDERERS.get(result.get("benchmark", path.stem))
+        if render is not None:
+            parts.append(render(result))
+    return "\n\n".join(parts) if parts else "_No benchmark results yet: run `python -m tests.perf.bench_store`._"
+
+
+def update_readme(readme: Path = ROOT / "README.md") -> None:
+    text = readme.read_text()
+    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    if not pattern.search(text):
+        raise SystemExit(f"{readme} has no {BEGIN} ... {END} markers")
+    readme.write_text(pattern.sub(lambda _: f"{BEGIN}\n{section()}\n{END}", text))
+
+
+if __name__ == "__main__":
+    update_readme()
+    print(f"updated the performance section of {ROOT / 'README.md'}")
