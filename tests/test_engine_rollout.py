@@ -28,7 +28,7 @@ def test_logprobs_match_a_teacher_forced_forward_pass_under_left_padding(tiny_ba
             *(tiny_backend.generate(GenerationRequest(p, max_tokens=6, temperature=1.0)) for p in prompts)
         )
 
-    generations = asyncio.run(both())
+    generations = [g for (g,) in asyncio.run(both())]
     assert generations[0].timings["batch_size"] == 2.0, "concurrent requests should share one batch"
     for prompt, gen in zip(prompts, generations, strict=True):
         assert len(gen.completion_ids) == len(gen.logprobs) > 0

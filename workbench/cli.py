@@ -56,10 +56,15 @@ def _rollout(args: argparse.Namespace) -> int:
     from workbench import tasks
     from workbench.rollout import rollout
 
-    if os.path.exists(args.tasks):
-        task_list = tasks.load_tasks(args.tasks)[: args.n]
-    else:
+    if args.tasks in tasks.list_generators():
         task_list = tasks.generate(args.tasks, n=args.n, seed=args.seed)
+    elif not os.path.exists(args.tasks) and not os.path.splitext(args.tasks)[1]:
+        known = ", ".join(tasks.list_generators())
+        raise ValueError(
+            f"no task generator or file '{args.tasks}': use a generator ({known}) or a JSONL/Parquet path"
+        )
+    else:
+        task_list = tasks.load_tasks(args.tasks)[: args.n]
     result = rollout(
         args.topology,
         task_list,

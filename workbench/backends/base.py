@@ -1,8 +1,16 @@
 """The one async interface every generation backend implements (vLLM, transformers, OpenAI-compatible).
 
-The engine tokenises prompts itself with the policy's chat template and hands the backend exact
-token ids; the backend returns exact completion token ids with their log-probabilities, so
-training never re-tokenises text.
+The engine tokenises prompts itself (with the policy's chat template, or raw text for
+completion-mode roles) and hands the backend exact token ids; the backend returns exact
+completion token ids with their log-probabilities, so training never re-tokenises text.
+
+Semantics every backend follows:
+- ``n`` samples per request; ``generate`` returns a list of ``n`` generations.
+- A stop string ends a completion and stays in it: ``completion_ids`` run up to and including the
+  token that completed the stop string, ``text`` is their decoding, ``stop_reason`` names the string.
+- ``finish_reason`` is ``"stop"`` (end-of-sequence or a stop string) or ``"length"`` (``max_tokens``).
+- ``logprobs`` are the raw model's log-probabilities of the sampled tokens (before temperature).
+- ``adapter`` names a LoRA adapter of the base model, for roles bound to per-role adapters.
 """
 
 from __future__ import annotations
@@ -13,11 +21,19 @@ from typing import Protocol, runtime_checkable
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    prompt_ids: list[int]
+    prompt_ids: tuple[int, ...] | list[int]
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int | None = None
+    stop: tuple[str, ...] = ()
+    n: int = 1
     seed: int | None = None
+    adapter: str | None = None
+
+    def sampling_key(self) -> tuple:
+        """Requests with the same key can be decoded in one batch."""
+        return (self.max_tokens, self.temperature, self.top_p, self.top_k, self.stop, self.seed, self.adapter)
 
 
 @dataclass
@@ -25,7 +41,8 @@ class Generation:
     completion_ids: list[int]
     logprobs: list[float]
     text: str
-    finish_reason: str  # "stop" (end of sequence) or "length" (hit max_tokens)
+    finish_reason: str  # "stop" or "length"
+    stop_reason: str | None = None  # the stop string that ended it, if any
     policy_version: int = 0
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -38,10 +55,32 @@ class Backend(Protocol):
     tokenizer: object
     policy_version: int
 
-    async def generate(self, request: GenerationRequest) -> Generation: ...
+    async def generate(self, request: GenerationRequest) -> list[Generation]: ...
 
     def close(self) -> None: ...
 
 
 class BackendError(RuntimeError):
     """A backend that cannot start or cannot serve a request."""
+
+
+def cut_at_stop(tokenizer: object, ids: list[int], stop: tuple[str, ...]) -> tuple[int, str | None]:
+    """Length of the shortest prefix of ``ids`` whose text contains a stop string, and that string.
+
+    Returns ``(len(ids), None)`` when no stop string occurs.
+    """
+    if not stop:
+        return len(ids), None
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    hits = [(text.find(s), s) for s in stop if s and s in text]
+    if not hits:
+        return len(ids), None
+    _, first = min(hits)
+    lo, hi = 1, len(ids)
+    while lo < hi:  # the smallest k with the stop string complete in decode(ids[:k])
+        mid = (lo + hi) // 2
+        if first in tokenizer.decode(ids[:mid], skip_special_tokens=False):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo, first

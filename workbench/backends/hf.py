@@ -13,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from workbench.backends.base import Generation, GenerationRequest
+from workbench.backends.base import BackendError, Generation, GenerationRequest, cut_at_stop
 
 
 class HFBackend:
@@ -42,7 +42,7 @@ class HFBackend:
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
 
-    async def generate(self, request: GenerationRequest) -> Generation:
+    async def generate(self, request: GenerationRequest) -> list[Generation]:
         loop = asyncio.get_running_loop()
         if self._worker is None or self._worker.done() or self._worker.get_loop() is not loop:
             self._wakeup = asyncio.Event()
@@ -60,12 +60,9 @@ class HFBackend:
             pending, self._queue = self._queue, []
             groups: dict[tuple, list] = defaultdict(list)
             for request, future in pending:
-                groups[(request.max_tokens, request.temperature, request.top_p, request.seed)].append(
-                    (request, future)
-                )
+                groups[request.sampling_key()].append((request, future))
             for items in groups.values():
-                for start in range(0, len(items), self.max_batch):
-                    batch = items[start : start + self.max_batch]
+                for batch in _batches(items, self.max_batch):
                     try:
                         results = await asyncio.to_thread(self._generate_batch, [r for r, _ in batch])
                     except Exception as error:  # noqa: BLE001 - hand the failure to every waiter
@@ -77,18 +74,23 @@ class HFBackend:
                         if not future.done():
                             future.set_result(result)
 
-    def _generate_batch(self, requests: list[GenerationRequest]) -> list[Generation]:
+    def _generate_batch(self, requests: list[GenerationRequest]) -> list[list[Generation]]:
         import torch
 
         started = time.perf_counter()
         first = requests[0]
+        if first.adapter is not None:
+            raise BackendError(
+                f"the hf backend serves one model; adapter '{first.adapter}' needs the vllm backend or a peft model"
+            )
+        rows = [r for r in requests for _ in range(r.n)]
         pad_id = self.tokenizer.pad_token_id
         if pad_id is None:
             pad_id = self.tokenizer.eos_token_id
-        width = max(len(r.prompt_ids) for r in requests)
-        input_ids = torch.full((len(requests), width), pad_id, dtype=torch.long)
-        attention = torch.zeros((len(requests), width), dtype=torch.long)
-        for i, r in enumerate(requests):
+        width = max(len(r.prompt_ids) for r in rows)
+        input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
             input_ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
             attention[i, width - len(r.prompt_ids) :] = 1
         greedy = first.temperature == 0.0
@@ -102,30 +104,40 @@ class HFBackend:
                 do_sample=not greedy,
                 temperature=None if greedy else first.temperature,
                 top_p=None if greedy else first.top_p,
-                top_k=None,
+                top_k=None if greedy else first.top_k,
                 pad_token_id=pad_id,
                 eos_token_id=self.tokenizer.eos_token_id,
+                stop_strings=list(first.stop) or None,
+                tokenizer=self.tokenizer if first.stop else None,
             )
             new_tokens = sequences[:, width:]
             chosen = self._logprobs(sequences, attention, width)
         elapsed = time.perf_counter() - started
-        results = []
         eos = self.tokenizer.eos_token_id
-        for i in range(len(requests)):
+        generations = []
+        for i in range(len(rows)):
             ids = new_tokens[i].tolist()
             n = ids.index(eos) + 1 if eos in ids else len(ids)
             finish = "stop" if eos in ids[:n] else "length"
-            results.append(
+            cut, stop_reason = cut_at_stop(self.tokenizer, ids[:n], first.stop)
+            if stop_reason is not None:
+                n, finish = cut, "stop"
+            generations.append(
                 Generation(
                     completion_ids=ids[:n],
                     logprobs=chosen[i, :n].tolist(),
                     text=self.tokenizer.decode(ids[:n], skip_special_tokens=True),
                     finish_reason=finish,
+                    stop_reason=stop_reason,
                     policy_version=self.policy_version,
-                    timings={"generate_s": elapsed, "batch_size": float(len(requests))},
+                    timings={"generate_s": elapsed, "batch_size": float(len(rows))},
                 )
             )
-        return results
+        out, i = [], 0
+        for r in requests:
+            out.append(generations[i : i + r.n])
+            i += r.n
+        return out
 
     def _logprobs(self, sequences: Any, prompt_mask: Any, width: int) -> Any:
         """Raw-model log-probs of the generated tokens, from one teacher-forced pass (cheaper than
@@ -141,3 +153,17 @@ class HFBackend:
     def close(self) -> None:
         if self._worker is not None:
             self._worker.cancel()
+
+
+def _batches(items: list, max_rows: int) -> list[list]:
+    """Split requests into batches of at most ``max_rows`` sampled sequences (a request of n counts n)."""
+    batches, current, rows = [], [], 0
+    for item in items:
+        if current and rows + item[0].n > max_rows:
+            batches.append(current)
+            current, rows = [], 0
+        current.append(item)
+        rows += item[0].n
+    if current:
+        batches.append(current)
+    return batches

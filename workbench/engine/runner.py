@@ -104,13 +104,12 @@ class Rollout:
         if self.max_tokens is not None:
             max_tokens = min(max_tokens, self.max_tokens)
         queued = time.time()
-        generation = await backend.generate(
+        (generation,) = await backend.generate(
             GenerationRequest(
                 prompt_ids=prompt_ids,
                 max_tokens=max_tokens,
                 temperature=role.sampling.temperature,
                 top_p=role.sampling.top_p,
-                seed=None,
             )
         )
         text = generation.text
