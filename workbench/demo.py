@@ -28,7 +28,16 @@ def main(
     print(
         f"==> rolling out '{topology}' on {model}: {len(tasks)} arithmetic problems, <= {max_tokens} tokens a call"
     )
-    result = rollout(topology, tasks, model=model, max_tokens=max_tokens, runs_dir=runs_dir, seed=seed)
+    # The paper samples at temperature 1.0 for training; a 135M model reads better a little cooler.
+    result = rollout(
+        topology,
+        tasks,
+        model=model,
+        max_tokens=max_tokens,
+        runs_dir=runs_dir,
+        seed=seed,
+        sampling={"temperature": 0.3},
+    )
     reader = RunReader(result.run_dir)
     calls = reader.calls()
     print(f"\nrun stored in {result.run_dir}  ({len(calls)} calls, {result.seconds:.1f} s)")

@@ -77,12 +77,18 @@ def rollout(
     runs_dir: str | Path = "runs",
     run_id: str | None = None,
     seed: int = 0,
+    sampling: dict[str, Any] | None = None,
 ) -> RolloutResult:
-    """Run ``topology`` on every task (``samples`` episodes each) and store the calls as step 0 of a new run."""
+    """Run ``topology`` on every task (``samples`` episodes each) and store the calls as step 0 of a new run.
+
+    ``sampling`` overrides every role's sampling settings (e.g. ``{"temperature": 0.3}``).
+    """
     from workbench.store import RunStore
 
     if isinstance(topology, str):
         topology = load(topology)
+    if sampling:
+        topology = with_sampling(topology, **sampling)
     if not tasks:
         raise ValueError("no tasks to roll out: generate some with wb.generate_tasks or load a file")
     engine_backend = make_backend(backend, model) if isinstance(backend, str) else backend
@@ -119,6 +125,15 @@ def rollout(
     return RolloutResult(store.run_dir, episodes, rewards, seconds, metrics)
 
 
+def with_sampling(topology: Topology, **overrides: Any) -> Topology:
+    """A copy of ``topology`` whose roles all sample with ``overrides`` (temperature, top_p, max_tokens)."""
+    roles = {
+        name: role.model_copy(update={"sampling": role.sampling.model_copy(update=overrides)})
+        for name, role in topology.roles.items()
+    }
+    return topology.model_copy(update={"roles": roles})
+
+
 def write_step(
     store: Any,
     index: int,
@@ -148,27 +163,31 @@ def write_step(
                 status=episode.status,
                 error=episode.error,
             )
-            call_ids: list[int] = []
-            for call in episode.calls:
-                owner = TokenOwner.TRAINABLE if call.trainable else TokenOwner.MASKED
-                call_ids.append(
-                    step.add_call(
-                        episode_id,
-                        role=call.role,
-                        parent_id=call_ids[call.parent] if call.parent is not None else None,
-                        position=call.position,
-                        policy=call.policy,
-                        prompt_ids=call.prompt_ids,
-                        completion_ids=call.completion_ids,
-                        logprobs=call.logprobs,
-                        mask=[owner] * len(call.completion_ids),
-                        prompt_text=call.prompt_text,
-                        completion_text=call.completion_text,
-                        action=call.parsed,
-                        policy_version=call.policy_version,
-                        timings={**call.timings, "finish_reason": call.finish_reason},
-                        format_error=call.format_error,
-                    )
+            call_ids: dict[int, int] = {}  # position in the episode -> stored call id
+            for call in sorted(episode.calls, key=lambda c: c.position):
+                own = (
+                    [int(TokenOwner.TRAINABLE)] * len(call.completion_ids) if call.mask is None else call.mask
+                )
+                if not call.trainable:
+                    own = [int(TokenOwner.MASKED) if o == TokenOwner.TRAINABLE else o for o in own]
+                call_ids[call.position] = step.add_call(
+                    episode_id,
+                    role=call.role,
+                    parent_id=call_ids[call.parent] if call.parent is not None else None,
+                    position=call.position,
+                    policy=call.policy,
+                    prompt_ids=call.prompt_ids,
+                    completion_ids=call.completion_ids,
+                    logprobs=call.logprobs,
+                    mask=own,
+                    prompt_text=call.prompt_text,
+                    completion_text=call.completion_text,
+                    action=call.parsed,
+                    policy_version=call.policy_version,
+                    tool_calls=call.tool_calls or None,
+                    tool_results=call.tool_results or None,
+                    timings={**call.timings, "finish_reason": call.finish_reason},
+                    format_error=call.format_error,
                 )
                 stats = per_role.setdefault(call.role, {"tokens": [], "format_failure": [], "truncated": []})
                 stats["tokens"].append(len(call.completion_ids))

@@ -23,6 +23,9 @@ class CallRecord:
     parent: int | None = None  # position of the parent call within the episode (nested agents)
     parsed: Any = None
     format_error: str | None = None
+    mask: list[int] | None = None  # TokenOwner code per completion token; None: all the role's own
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_results: list[dict[str, Any]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
 
 

@@ -8,9 +8,9 @@ episode's variables (``question``, ``task`` and whatever earlier nodes bound).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 END = "end"
 
@@ -46,6 +46,34 @@ class Role(_Spec):
         default_factory=list, description="Text transforms applied before other roles see the output."
     )
     trainable: bool = Field(True, description="Whether this role's tokens train its policy.")
+    mode: Literal["chat", "raw"] = Field(
+        "chat", description="chat: turns go through the chat template; raw: text is appended (HiRA planner)."
+    )
+    stop: list[str] = Field(default_factory=list, description="Extra stop strings for this role.")
+
+
+class Route(_Spec):
+    """Send a tool's raw output through a role (MARS's System 1) instead of straight back."""
+
+    via: str = Field(description="Role that distils the tool output (one stateless call per bin).")
+    capacity: int = Field(2048, ge=1, description="Bin capacity in tokens for First-Fit-Decreasing packing.")
+    variable: str = Field("documents", description="Template variable holding one bin's text.")
+
+
+class Tool(_Spec):
+    """A tool a role may call: a backend kind with options, or an agent (a subflow) exposed as a tool."""
+
+    kind: str = Field(description="Backend kind (bm25, python, web_search, ...) or 'agent'.")
+    description: str = ""
+    options: dict[str, Any] = Field(default_factory=dict, description="Options for the tool backend.")
+    subflow: str | None = Field(None, description="For kind 'agent': the subflow that runs as this tool.")
+    inputs: dict[str, str] = Field(
+        default_factory=dict,
+        description="For kind 'agent': subflow variables from expressions over the call's arguments.",
+    )
+    truncate: int | None = Field(None, ge=1, description="Cut the result to this many characters.")
+    route: Route | None = None
+    timeout: float = Field(30.0, gt=0, description="Seconds before the call is recorded as timed out.")
 
 
 class Branch(_Spec):
@@ -66,13 +94,54 @@ class CallNode(_Spec):
     next: list[Branch] = Field(default_factory=lambda: [Branch(goto=END)])
 
 
+class AgentNode(_Spec):
+    """A multi-turn agent: the role generates, its tool calls run, results return, until it answers.
+
+    The whole loop is one call (one training sample) whose completion interleaves the role's turns
+    (trainable) with inserted tool results (masked); routed and agent tools add child calls.
+    """
+
+    agent: str = Field(description="Role that acts.")
+    tools: list[str] = Field(default_factory=list, description="Tools it may call.")
+    protocol: str = Field(
+        "json_tool_call", description="How calls and answers are written (engine.protocols)."
+    )
+    protocol_options: dict[str, Any] = Field(default_factory=dict)
+    max_turns: int = Field(10, ge=1, description="Bound on generations in the loop.")
+    result_role: Literal["user", "tool"] = Field("user", description="Chat role that carries tool results.")
+    bind: dict[str, str] = Field(default_factory=dict)
+    next: list[Branch] = Field(default_factory=lambda: [Branch(goto=END)])
+
+
+class MapNode(_Spec):
+    """Fan out: run a role once per item of a list, concurrently, and collect the outputs."""
+
+    map: str = Field(description="Role to call for every item.")
+    over: str = Field(description="Expression giving the items (a list, or a number n for n samples).")
+    item: str = Field("item", description="Variable name of the current item inside the role's templates.")
+    into: str = Field(description="Variable receiving the list of outputs (post-processed texts).")
+    next: list[Branch] = Field(default_factory=lambda: [Branch(goto=END)])
+
+
+def _node_kind(value: Any) -> str:
+    keys = value if isinstance(value, dict) else vars(value)
+    return "agent" if "agent" in keys else "map" if "map" in keys else "call"
+
+
+Node = Annotated[
+    Annotated[CallNode, Tag("call")] | Annotated[AgentNode, Tag("agent")] | Annotated[MapNode, Tag("map")],
+    Discriminator(_node_kind),
+]
+
+
 class Flow(_Spec):
     """The graph of nodes an episode walks, from ``start`` until it reaches ``end``."""
 
     start: str
-    nodes: dict[str, CallNode]
+    nodes: dict[str, Node]
     max_calls: int = Field(16, ge=1, description="Bound on calls per episode (every loop needs one).")
     answer: str = Field("", description="Jinja2 template giving the episode's final answer.")
+    inputs: list[str] = Field(default_factory=list, description="Variables a subflow receives.")
 
 
 class Policy(_Spec):
@@ -88,4 +157,8 @@ class Topology(_Spec):
     description: str = ""
     policies: dict[str, Policy] = Field(default_factory=lambda: {"base": Policy()})
     roles: dict[str, Role]
+    tools: dict[str, Tool] = Field(default_factory=dict)
     flow: Flow
+    subflows: dict[str, Flow] = Field(
+        default_factory=dict, description="Flows run with a fresh context, e.g. an agent exposed as a tool."
+    )

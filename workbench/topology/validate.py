@@ -9,10 +9,11 @@ import jinja2.meta
 from pydantic import ValidationError
 
 from workbench.engine.parsers import PARSERS, POSTPROCESS
-from workbench.topology.spec import END, Topology
+from workbench.topology.spec import END, AgentNode, CallNode, Flow, MapNode, Topology
 
-# Variables every episode starts with.
-EPISODE_VARIABLES = frozenset({"question", "task"})
+# Variables every episode starts with; inside a routed or agent tool, its call's ``arguments`` too.
+EPISODE_VARIABLES = frozenset({"question", "task", "arguments"})
+PROTOCOLS = frozenset({"json_tool_call", "mcp_xml", "tags"})
 # Names a node's bind expressions can read.
 OUTPUT_VARIABLES = frozenset({"text", "parsed", "raw", "finish_reason", "format_error"})
 
@@ -54,12 +55,24 @@ def _variables(source: str, path: str, problems: list[Problem], expression: bool
         return set()
 
 
+def _provided(topology: Topology) -> set[str]:
+    """Every variable some flow, subflow, fan-out or route can set."""
+    provided = set(EPISODE_VARIABLES)
+    for flow in [topology.flow, *topology.subflows.values()]:
+        provided |= set(flow.inputs)
+        for node in flow.nodes.values():
+            provided |= set(getattr(node, "bind", {}))
+            if isinstance(node, MapNode):
+                provided |= {node.item, node.into}
+    provided |= {t.route.variable for t in topology.tools.values() if t.route is not None}
+    return provided
+
+
 def check(topology: Topology) -> list[Problem]:
     """Every problem in ``topology`` beyond what its types already guarantee."""
     problems: list[Problem] = []
-    flow = topology.flow
     roles = topology.roles
-    provided = set(EPISODE_VARIABLES) | {v for node in flow.nodes.values() for v in node.bind}
+    provided = _provided(topology)
 
     for name, role in roles.items():
         base = f"roles.{name}"
@@ -88,19 +101,78 @@ def check(topology: Topology) -> list[Problem]:
         if not role.messages:
             problems.append(Problem(f"{base}.messages", "a role needs at least one message"))
 
+    for name, tool in topology.tools.items():
+        base = f"tools.{name}"
+        if tool.kind == "agent":
+            if tool.subflow not in topology.subflows:
+                problems.append(
+                    Problem(
+                        f"{base}.subflow",
+                        f"unknown subflow '{tool.subflow}'; use one of {sorted(topology.subflows)}",
+                    )
+                )
+            for var, expr in tool.inputs.items():
+                _variables(expr, f"{base}.inputs.{var}", problems, expression=True)
+        else:
+            kinds = _tool_kinds()
+            if kinds and tool.kind not in kinds:
+                problems.append(
+                    Problem(
+                        f"{base}.kind", f"unknown tool kind '{tool.kind}'; known: agent, {', '.join(kinds)}"
+                    )
+                )
+        if tool.route is not None and tool.route.via not in roles:
+            problems.append(
+                Problem(f"{base}.route.via", f"unknown role '{tool.route.via}'; use one of {sorted(roles)}")
+            )
+
+    _check_flow(topology, "flow", topology.flow, provided, problems)
+    for name, flow in topology.subflows.items():
+        _check_flow(topology, f"subflows.{name}", flow, provided, problems)
+    return problems
+
+
+def _tool_kinds() -> list[str]:
+    try:
+        from workbench.tools import TOOL_KINDS
+    except ImportError:  # tools not installed in this build: skip the check
+        return []
+    return sorted(TOOL_KINDS)
+
+
+def _check_flow(
+    topology: Topology, where: str, flow: Flow, provided: set[str], problems: list[Problem]
+) -> None:
+    roles = topology.roles
     if flow.start not in flow.nodes:
         problems.append(
-            Problem("flow.start", f"unknown node '{flow.start}'; use one of {sorted(flow.nodes)}")
+            Problem(f"{where}.start", f"unknown node '{flow.start}'; use one of {sorted(flow.nodes)}")
         )
     for name, node in flow.nodes.items():
-        base = f"flow.nodes.{name}"
+        base = f"{where}.nodes.{name}"
         if name == END:
             problems.append(Problem(base, f"'{END}' is reserved for the end of an episode; rename the node"))
-        if node.call not in roles:
+        role_field, role_name = _role_of(node)
+        if role_name not in roles:
             problems.append(
-                Problem(f"{base}.call", f"unknown role '{node.call}'; use one of {sorted(roles)}")
+                Problem(f"{base}.{role_field}", f"unknown role '{role_name}'; use one of {sorted(roles)}")
             )
-        for var, expr in node.bind.items():
+        if isinstance(node, AgentNode):
+            for i, tool in enumerate(node.tools):
+                if tool not in topology.tools:
+                    problems.append(
+                        Problem(f"{base}.tools[{i}]", f"unknown tool '{tool}'; declare it under tools")
+                    )
+            if node.protocol not in PROTOCOLS:
+                problems.append(
+                    Problem(
+                        f"{base}.protocol",
+                        f"unknown protocol '{node.protocol}'; known: {', '.join(sorted(PROTOCOLS))}",
+                    )
+                )
+        if isinstance(node, MapNode):
+            _variables(node.over, f"{base}.over", problems, expression=True)
+        for var, expr in getattr(node, "bind", {}).items():
             path = f"{base}.bind.{var}"
             readable = OUTPUT_VARIABLES | provided
             for unknown in sorted(_variables(expr, path, problems, expression=True) - readable):
@@ -118,21 +190,28 @@ def check(topology: Topology) -> list[Problem]:
                     problems.append(Problem(path, f"condition reads '{unknown}', which nothing provides"))
         if not node.next:
             problems.append(Problem(f"{base}.next", f"a node needs at least one branch (use goto: {END})"))
-    _variables(flow.answer, "flow.answer", problems, expression=False)
+    _variables(flow.answer, f"{where}.answer", problems, expression=False)
 
-    reachable = _reachable(topology)
+    reachable = _reachable(flow)
     for name in flow.nodes:
         if name not in reachable and flow.start in flow.nodes:
             problems.append(
-                Problem(f"flow.nodes.{name}", "unreachable from flow.start; connect it or remove it")
+                Problem(f"{where}.nodes.{name}", "unreachable from start; connect it or remove it")
             )
-    return problems
 
 
-def _reachable(topology: Topology) -> set[str]:
-    nodes = topology.flow.nodes
+def _role_of(node: CallNode | AgentNode | MapNode) -> tuple[str, str]:
+    if isinstance(node, AgentNode):
+        return "agent", node.agent
+    if isinstance(node, MapNode):
+        return "map", node.map
+    return "call", node.call
+
+
+def _reachable(flow: Flow) -> set[str]:
+    nodes = flow.nodes
     seen: set[str] = set()
-    todo = [topology.flow.start]
+    todo = [flow.start]
     while todo:
         name = todo.pop()
         if name in seen or name not in nodes:
