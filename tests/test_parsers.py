@@ -1,7 +1,7 @@
 """Output parsers: well-formed outputs parse, malformed ones raise FormatError (never anything else)."""
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench.engine.parsers import PARSERS, FormatError, last_boxed, parse_verdict, strip_think
@@ -35,6 +35,7 @@ def test_strip_think_keeps_only_the_final_answer():
     assert strip_think("<think>secret</think> answer") == "answer"
 
 
+@settings(max_examples=1000, deadline=None)
 @given(st.text())
 def test_parsers_raise_only_format_errors(text):
     for parser in PARSERS.values():

@@ -86,6 +86,13 @@ def strip_think(text: str) -> str:
     return text.split("</think>")[-1].strip()
 
 
+@register_postprocess("strip_tool_calls")
+def strip_tool_calls(text: str) -> str:
+    """Remove tool-call blocks (MCP XML and JSON tool calls), e.g. from a worker's final message."""
+    text = re.sub(r"<use_mcp_tool>.*?(</use_mcp_tool>|$)", "", text, flags=re.S)
+    return re.sub(r"<tool_call>.*?(</tool_call>|$)", "", text, flags=re.S).strip()
+
+
 @register_postprocess("strip")
 def strip_whitespace(text: str) -> str:
     return text.strip()

@@ -226,6 +226,15 @@ class Rollout:
                 )
         else:
             finish = "turn_limit" if actions.tool_calls else finish
+        if node.final_prompt and (node.final_when == "always" or finish in {"turn_limit", "length"}):
+            limited = finish in {"turn_limit", "length"}
+            prompt = _env.from_string(node.final_prompt).render({**variables, "limit_reached": limited})
+            conversation.insert(prompt, TokenOwner.OTHER_ROLE, role="user")
+            generation = await self._generate(role, backend, conversation.ids, ())
+            text = _postprocess(role, generation.text)
+            conversation.add_generation(generation, text)
+            actions = protocol.parse(generation.text)
+            finish = generation.finish_reason
         parsed = {
             "answer": actions.answer,
             "turns": len(conversation.turn_texts),

@@ -109,6 +109,12 @@ class AgentNode(_Spec):
     protocol_options: dict[str, Any] = Field(default_factory=dict)
     max_turns: int = Field(10, ge=1, description="Bound on generations in the loop.")
     result_role: Literal["user", "tool"] = Field("user", description="Chat role that carries tool results.")
+    final_prompt: str | None = Field(
+        None, description="Jinja2 text inserted after the loop for one last turn without tools (a summary)."
+    )
+    final_when: Literal["always", "limit"] = Field(
+        "always", description="Ask for the final turn always, or only when the turn limit cut the loop."
+    )
     bind: dict[str, str] = Field(default_factory=dict)
     next: list[Branch] = Field(default_factory=lambda: [Branch(goto=END)])
 
