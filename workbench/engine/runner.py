@@ -16,24 +16,22 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import jinja2
-import jinja2.sandbox
-
 from workbench.backends.base import Backend, Generation, GenerationRequest
 from workbench.engine.conversation import Conversation
+from workbench.engine.mas_graph import substitute
 from workbench.engine.parsers import PARSERS, POSTPROCESS, FormatError
 from workbench.engine.protocols import Actions, ToolCall, make_protocol
 from workbench.engine.records import CallRecord, EpisodeRecord
+from workbench.engine.templating import evaluate as _evaluate
+from workbench.engine.templating import templates
 from workbench.store.codec import TokenOwner
-from workbench.topology.spec import END, AgentNode, CallNode, Flow, MapNode, Role, Topology
+from workbench.topology.spec import END, AgentNode, CallNode, DagNode, Flow, MapNode, Role, Topology
 
 if TYPE_CHECKING:
     from workbench.tasks import Task
 
-_env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-    undefined=jinja2.StrictUndefined, keep_trailing_newline=True
-)
-_lenient = jinja2.sandbox.ImmutableSandboxedEnvironment()
+
+_env = templates
 
 
 @dataclass
@@ -88,7 +86,11 @@ class Rollout:
     async def episode(self, task: Task, sample: int = 0) -> EpisodeRecord:
         record = EpisodeRecord(task_id=task.id, group=task.id, sample=sample)
         state = _Episode(record)
-        variables: dict[str, Any] = {"question": task.question, "task": task.to_dict()}
+        variables: dict[str, Any] = {
+            **self.topology.params,
+            "question": task.question,
+            "task": task.to_dict(),
+        }
         try:
             record.answer, record.status = await self._walk(self.topology.flow, variables, state, parent=None)
         except Exception as error:  # noqa: BLE001 - one broken episode must not stop the rollout
@@ -118,6 +120,8 @@ class Rollout:
                 output = await self._agent(node_name, node, variables, state, parent)
             elif isinstance(node, MapNode):
                 output = await self._map(node_name, node, variables, state, parent)
+            elif isinstance(node, DagNode):
+                output = await self._dag(node, variables, state, parent)
             else:
                 output = await self._single(node_name, node, variables, state, parent)
             for var, expr in getattr(node, "bind", {}).items():
@@ -150,6 +154,40 @@ class Rollout:
         )
         variables[node.into] = [c.completion_text for c in calls]
         return {"text": variables[node.into], "parsed": [c.parsed for c in calls]}
+
+    async def _dag(self, node: DagNode, variables: dict, state: _Episode, parent: int | None) -> dict:
+        """Run an emitted agent graph level by level; each agent is a subflow with a fresh context."""
+        graph = _evaluate(node.dag, variables) or {}
+        agents = {a["id"]: a for a in graph.get("agents", [])}
+        results: dict[str, str] = {}
+        question = variables.get("question", "")
+
+        async def run_agent(agent_id: str) -> tuple[str, str]:
+            agent = agents[agent_id]
+            subflow = node.agents.get(agent["name"])
+            if subflow is None:
+                return agent_id, f"Error: no subflow runs agents named {agent['name']}"
+            sub_input = substitute(agent["input"], results)
+            task_info = (
+                f"Original task: {question}; Current Sub-task: {sub_input}." if sub_input else question
+            )
+            scope = {
+                **self.topology.params,
+                "question": question,
+                "task": variables.get("task"),
+                "task_info": task_info,
+                "roles": agent["roles"],
+                "agent": agent,
+            }
+            answer, _ = await self._walk(self.topology.subflows[subflow], scope, state, parent)
+            return agent_id, answer
+
+        for level in graph.get("order", []):
+            results.update(await asyncio.gather(*(run_agent(a) for a in level)))
+        sink = graph.get("sink")
+        fallback = graph.get("answer") or ""
+        variables[node.into] = results.get(sink, fallback) if sink else fallback
+        return {"text": variables[node.into], "parsed": {"results": results, "sink": sink}}
 
     async def _call(
         self, node: str, role_name: str, variables: dict, state: _Episode, parent: int | None
@@ -289,6 +327,7 @@ class Rollout:
         if spec.kind == "agent":
             sub = self.topology.subflows[spec.subflow]
             scope = {
+                **self.topology.params,
                 "arguments": call.arguments,
                 "question": variables.get("question"),
                 "task": variables.get("task"),
@@ -436,10 +475,6 @@ def _as_text(content: Any) -> str:
     if isinstance(content, list):
         return "\n\n".join(_as_text(item) for item in content)
     return json.dumps(content, ensure_ascii=False, default=str)
-
-
-def _evaluate(expression: str, variables: dict[str, Any]) -> Any:
-    return _lenient.compile_expression(expression, undefined_to_none=True)(**variables)
 
 
 def run_sync(coroutine_factory: Callable[[], Any]) -> Any:

@@ -126,16 +126,40 @@ class MapNode(_Spec):
     over: str = Field(description="Expression giving the items (a list, or a number n for n samples).")
     item: str = Field("item", description="Variable name of the current item inside the role's templates.")
     into: str = Field(description="Variable receiving the list of outputs (post-processed texts).")
+    bind: dict[str, str] = Field(
+        default_factory=dict, description="Variables from text (list) and parsed (list)."
+    )
+    next: list[Branch] = Field(default_factory=lambda: [Branch(goto=END)])
+
+
+class DagNode(_Spec):
+    """Run a multi-agent graph that a role emitted (MAS-Orchestra): agents in topological order.
+
+    ``dag`` evaluates to a parsed graph (the ``mas_xml`` parser's output: agents with id, name,
+    input and roles; edges). Each agent runs the subflow its name maps to, with ``task_info`` (the
+    original task plus its sub-task, ``${ID}`` replaced by upstream results) and ``roles``; the
+    sink's answer lands in ``into``. Agents of one topological level run concurrently.
+    """
+
+    dag: str = Field(description="Expression giving the parsed graph.")
+    agents: dict[str, str] = Field(description="Agent name (as the graph writes it) -> subflow.")
+    into: str = Field("result", description="Variable receiving the sink agent's answer.")
     next: list[Branch] = Field(default_factory=lambda: [Branch(goto=END)])
 
 
 def _node_kind(value: Any) -> str:
     keys = value if isinstance(value, dict) else vars(value)
-    return "agent" if "agent" in keys else "map" if "map" in keys else "call"
+    for kind in ("agent", "map", "dag"):
+        if kind in keys:
+            return kind
+    return "call"
 
 
 Node = Annotated[
-    Annotated[CallNode, Tag("call")] | Annotated[AgentNode, Tag("agent")] | Annotated[MapNode, Tag("map")],
+    Annotated[CallNode, Tag("call")]
+    | Annotated[AgentNode, Tag("agent")]
+    | Annotated[MapNode, Tag("map")]
+    | Annotated[DagNode, Tag("dag")],
     Discriminator(_node_kind),
 ]
 
@@ -161,6 +185,10 @@ class Topology(_Spec):
 
     name: str
     description: str = ""
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Settings every template can read (e.g. dom: high); overridable per run.",
+    )
     policies: dict[str, Policy] = Field(default_factory=lambda: {"base": Policy()})
     roles: dict[str, Role]
     tools: dict[str, Tool] = Field(default_factory=dict)

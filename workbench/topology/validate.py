@@ -9,15 +9,17 @@ import jinja2.meta
 from pydantic import ValidationError
 
 from workbench.engine.parsers import PARSERS, POSTPROCESS
-from workbench.topology.spec import END, AgentNode, CallNode, Flow, MapNode, Topology
+from workbench.engine.templating import templates
+from workbench.topology.spec import END, AgentNode, CallNode, DagNode, Flow, MapNode, Topology
 
 # Variables every episode starts with; inside a routed or agent tool, its call's ``arguments`` too.
 EPISODE_VARIABLES = frozenset({"question", "task", "arguments"})
 PROTOCOLS = frozenset({"json_tool_call", "mcp_xml", "tags"})
 # Names a node's bind expressions can read.
-OUTPUT_VARIABLES = frozenset({"text", "parsed", "raw", "finish_reason", "format_error"})
+OUTPUT_VARIABLES = frozenset({"text", "parsed", "raw", "finish_reason", "format_error", "answer"})
 
 _env = jinja2.Environment()
+_env.filters.update(templates.filters)
 
 
 @dataclass(frozen=True)
@@ -57,13 +59,15 @@ def _variables(source: str, path: str, problems: list[Problem], expression: bool
 
 def _provided(topology: Topology) -> set[str]:
     """Every variable some flow, subflow, fan-out or route can set."""
-    provided = set(EPISODE_VARIABLES)
+    provided = set(EPISODE_VARIABLES) | set(topology.params)
     for flow in [topology.flow, *topology.subflows.values()]:
         provided |= set(flow.inputs)
         for node in flow.nodes.values():
             provided |= set(getattr(node, "bind", {}))
             if isinstance(node, MapNode):
                 provided |= {node.item, node.into}
+            if isinstance(node, DagNode):
+                provided.add(node.into)
     provided |= {t.route.variable for t in topology.tools.values() if t.route is not None}
     return provided
 
@@ -153,7 +157,17 @@ def _check_flow(
         if name == END:
             problems.append(Problem(base, f"'{END}' is reserved for the end of an episode; rename the node"))
         role_field, role_name = _role_of(node)
-        if role_name not in roles:
+        if isinstance(node, DagNode):
+            _variables(node.dag, f"{base}.dag", problems, expression=True)
+            for agent, subflow in node.agents.items():
+                if subflow not in topology.subflows:
+                    problems.append(
+                        Problem(
+                            f"{base}.agents.{agent}",
+                            f"unknown subflow '{subflow}'; use one of {sorted(topology.subflows)}",
+                        )
+                    )
+        elif role_name not in roles:
             problems.append(
                 Problem(f"{base}.{role_field}", f"unknown role '{role_name}'; use one of {sorted(roles)}")
             )
@@ -200,7 +214,9 @@ def _check_flow(
             )
 
 
-def _role_of(node: CallNode | AgentNode | MapNode) -> tuple[str, str]:
+def _role_of(node: CallNode | AgentNode | MapNode | DagNode) -> tuple[str, str]:
+    if isinstance(node, DagNode):
+        return "dag", ""
     if isinstance(node, AgentNode):
         return "agent", node.agent
     if isinstance(node, MapNode):

@@ -1,0 +1,37 @@
+"""The Jinja2 environments for prompt templates (strict) and for conditions and bindings (lenient).
+
+Both are sandboxed and share the workbench's filters: ``majority`` (self-consistency voting)
+and ``boxed`` (the content of the last ``\\boxed{}``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jinja2
+import jinja2.sandbox
+
+from workbench.answers import last_boxed
+
+
+def majority(values: list[Any]) -> Any:
+    """The most common value (the first seen wins ties)."""
+    values = [v for v in values if v is not None]
+    return max(values, key=values.count) if values else None
+
+
+def boxed(text: Any) -> str | None:
+    return last_boxed(text) if isinstance(text, str) else None
+
+
+templates = jinja2.sandbox.ImmutableSandboxedEnvironment(
+    undefined=jinja2.StrictUndefined, keep_trailing_newline=True
+)
+expressions = jinja2.sandbox.ImmutableSandboxedEnvironment()
+for _environment in (templates, expressions):
+    _environment.filters.update({"majority": majority, "boxed": boxed})
+
+
+def evaluate(expression: str, variables: dict[str, Any]) -> Any:
+    """Value of a Jinja2 expression; undefined names read as None."""
+    return expressions.compile_expression(expression, undefined_to_none=True)(**variables)
