@@ -8,6 +8,7 @@ the text before other roles see it. Both are looked up by name; register new one
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -78,6 +79,23 @@ def parse_verdict(text: str) -> dict[str, str]:
     verdict = "correct" if words[0] == "correct" else "wrong"
     report = text[:anchor].rstrip(" *#:\n") if anchor >= 0 else text
     return {"verdict": verdict, "report": report}
+
+
+@register_parser("json")
+def parse_json(text: str) -> dict[str, Any]:
+    """The first JSON object in the text, code fences allowed (router and distiller roles)."""
+    text = re.sub(r"```(?:json)?", "", text)
+    start = text.find("{")
+    while start >= 0:
+        try:
+            value, _ = json.JSONDecoder().raw_decode(text[start:])
+        except json.JSONDecodeError:
+            start = text.find("{", start + 1)
+            continue
+        if isinstance(value, dict):
+            return value
+        start = text.find("{", start + 1)
+    raise FormatError("no JSON object in the output")
 
 
 @register_postprocess("strip_think")

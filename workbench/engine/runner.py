@@ -248,14 +248,23 @@ class Rollout:
                 break
             if not actions.tool_calls and not actions.invalid:
                 break
+            calls_to_run = actions.tool_calls
+            if node.max_tool_calls is not None:
+                calls_to_run = calls_to_run[: max(0, node.max_tool_calls - len(tool_calls))]
             results = await asyncio.gather(
-                *(self._run_tool(c, node, variables, state, position) for c in actions.tool_calls)
+                *(
+                    self._tool_or_duplicate(c, node, variables, state, position, tool_calls)
+                    for c in calls_to_run
+                )
             )
-            for call, (content, info) in zip(actions.tool_calls, results, strict=True):
+            for call, (content, info) in zip(calls_to_run, results, strict=True):
                 tool_calls.append({"name": call.name, "arguments": call.arguments})
                 tool_results.append(info)
                 owner = TokenOwner.OTHER_ROLE if info.get("via") else TokenOwner.TOOL
                 conversation.insert(protocol.format_result(call, content), owner, role=node.result_role)
+            if node.max_tool_calls is not None and len(tool_calls) >= node.max_tool_calls:
+                finish = "turn_limit"
+                break
             for problem in actions.invalid:
                 conversation.insert(
                     protocol.format_result(ToolCall("", {}), f"Error: {problem}"),
@@ -311,6 +320,18 @@ class Rollout:
 
     # ------------------------------------------------------------------ tools
 
+    async def _tool_or_duplicate(
+        self, call: ToolCall, node: AgentNode, variables: dict, state: _Episode, parent: int, done: list[dict]
+    ) -> tuple[str, dict[str, Any]]:
+        if node.refuse_duplicates and {"name": call.name, "arguments": call.arguments} in done:
+            return node.refuse_duplicates, {
+                "name": call.name,
+                "ok": False,
+                "error": "duplicate call",
+                "seconds": 0.0,
+            }
+        return await self._run_tool(call, node, variables, state, parent)
+
     async def _run_tool(
         self, call: ToolCall, node: AgentNode, variables: dict, state: _Episode, parent: int
     ) -> tuple[str, dict[str, Any]]:
@@ -335,6 +356,8 @@ class Rollout:
             inputs = {var: _evaluate(expr, scope) for var, expr in spec.inputs.items()}
             sub_variables = {**scope, **inputs}
             answer, status = await self._walk(sub, sub_variables, state, parent=parent)
+            for var, expr in spec.outputs.items():
+                variables[var] = _evaluate(expr, sub_variables)
             info = {
                 "name": call.name,
                 "ok": status == "complete",

@@ -24,9 +24,20 @@ def boxed(text: Any) -> str | None:
     return last_boxed(text) if isinstance(text, str) else None
 
 
-templates = jinja2.sandbox.ImmutableSandboxedEnvironment(
-    undefined=jinja2.StrictUndefined, keep_trailing_newline=True
-)
+class _Unset(jinja2.StrictUndefined):
+    """A variable no node has set yet: false in ``{% if %}`` and empty in loops, an error when printed."""
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __iter__(self):  # noqa: ANN204
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+templates = jinja2.sandbox.ImmutableSandboxedEnvironment(undefined=_Unset, keep_trailing_newline=True)
 expressions = jinja2.sandbox.ImmutableSandboxedEnvironment()
 for _environment in (templates, expressions):
     _environment.filters.update({"majority": majority, "boxed": boxed})

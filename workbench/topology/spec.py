@@ -71,6 +71,10 @@ class Tool(_Spec):
         default_factory=dict,
         description="For kind 'agent': subflow variables from expressions over the call's arguments.",
     )
+    outputs: dict[str, str] = Field(
+        default_factory=dict,
+        description="For kind 'agent': caller variables to set from the subflow's final variables (e.g. memory).",
+    )
     truncate: int | None = Field(None, ge=1, description="Cut the result to this many characters.")
     route: Route | None = None
     timeout: float = Field(30.0, gt=0, description="Seconds before the call is recorded as timed out.")
@@ -108,6 +112,12 @@ class AgentNode(_Spec):
     )
     protocol_options: dict[str, Any] = Field(default_factory=dict)
     max_turns: int = Field(10, ge=1, description="Bound on generations in the loop.")
+    max_tool_calls: int | None = Field(
+        None, ge=0, description="Bound on tool calls; reaching it ends the loop."
+    )
+    refuse_duplicates: str | None = Field(
+        None, description="If set, a repeated identical call is not run and this text is returned instead."
+    )
     result_role: Literal["user", "tool"] = Field("user", description="Chat role that carries tool results.")
     final_prompt: str | None = Field(
         None, description="Jinja2 text inserted after the loop for one last turn without tools (a summary)."
