@@ -21,7 +21,7 @@ _LAZY = {
     "load_tasks": ("workbench.tasks", "load_tasks"),
     "Task": ("workbench.tasks", "Task"),
     "resolve_model": ("workbench.models", "resolve"),
-    "rollout": ("workbench.rollout", "rollout"),
+    "rollout": ("workbench.runs", "rollout"),
     "RunReader": ("workbench.store", "RunReader"),
     "list_runs": ("workbench.store", "list_runs"),
 }

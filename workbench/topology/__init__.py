@@ -1,19 +1,39 @@
 """Topology specs: the one description of a multi-agent system that every part of the workbench reads."""
 
 from workbench.topology.io import from_dict, from_yaml, json_schema, library, load, to_dict, to_json, to_yaml
-from workbench.topology.spec import END, Branch, CallNode, Flow, Message, Policy, Role, Sampling, Topology
+from workbench.topology.spec import (
+    END,
+    AgentNode,
+    Branch,
+    CallNode,
+    DagNode,
+    Flow,
+    MapNode,
+    Message,
+    Policy,
+    Role,
+    Route,
+    Sampling,
+    Tool,
+    Topology,
+)
 from workbench.topology.validate import Problem, TopologyError, check, validate
 
 __all__ = [
     "END",
+    "AgentNode",
     "Branch",
     "CallNode",
+    "DagNode",
     "Flow",
+    "MapNode",
     "Message",
     "Policy",
     "Problem",
     "Role",
+    "Route",
     "Sampling",
+    "Tool",
     "Topology",
     "TopologyError",
     "check",

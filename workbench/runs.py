@@ -1,4 +1,4 @@
-"""``wb.rollout``: run a topology over tasks on a model and store every call in a new run.
+"""Launching work from a notebook cell or the command line: ``wb.rollout`` stores a topology's episodes in a new run.
 
 This is the notebook- and CLI-facing entry point; the engine itself lives in
 ``workbench.engine`` and the storage in ``workbench.store``.
