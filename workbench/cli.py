@@ -54,7 +54,7 @@ def _tasks(args: argparse.Namespace) -> int:
 
 def _rollout(args: argparse.Namespace) -> int:
     from workbench import tasks
-    from workbench.rollout import rollout
+    from workbench.runs import rollout
 
     if args.tasks in tasks.list_generators():
         task_list = tasks.generate(args.tasks, n=args.n, seed=args.seed)

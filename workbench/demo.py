@@ -19,7 +19,7 @@ def main(
     runs_dir: str | Path = "runs",
     seed: int = 0,
 ) -> int:
-    from workbench.rollout import rollout
+    from workbench.runs import rollout
     from workbench.store import RunReader
     from workbench.tasks import generate
 
