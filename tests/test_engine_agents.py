@@ -108,3 +108,114 @@ def test_a_malformed_call_and_an_unknown_tool_are_recorded_and_the_agent_goes_on
         "seconds": 0.0,
     }
     assert "unknown tool 'teleport'" in tokenizer.decode(_owned(system2, TokenOwner.TOOL))
+
+
+def test_hira_delegates_through_router_expert_and_distiller_and_refuses_duplicates(tokenizer, task):
+    def script(prompt: str) -> str:
+        if "agent selection system" in prompt:
+            return '```json\n{"reason": "facts", "selected_agent_name": "Search-Agent"}\n```'
+        if "Summarization Agent" in prompt:
+            return json.dumps(
+                {
+                    "conclusion": {"reasoning_process": "searched", "final_conclusion": task.answer},
+                    "memory": {
+                        "fact_memory": [f"the answer is {task.answer} [Source: kb]"],
+                        "resource_memory": {},
+                    },
+                }
+            )
+        if "Solve the task by searching" in prompt:
+            if prompt.count("<|begin_search_result|>") > 1:  # one is in the instructions
+                return f"Found it. \\boxed{{{task.answer}}}"
+            return f"<|begin_search_query|>{task.question}<|end_search_query|>"
+        results = prompt.count("<|begin_subtask_result|>") - 1  # one is in the instructions
+        if results < 2:  # the second call repeats the first and must be refused
+            return "Plan.<|begin_call_subtask|>find the answer<|end_call_subtask|>"
+        return f"So the answer is \\boxed{{{task.answer}}}."
+
+    episode = asyncio.run(Rollout(wb.load_topology("hira"), ScriptedBackend(tokenizer, script)).episode(task))
+    assert episode.status == "complete", episode.error
+    assert episode.answer == task.answer
+    planner = next(c for c in episode.calls if c.role == "meta_planner")
+    assert [r["error"] for r in planner.tool_results] == [None, "duplicate call"]
+    assert [c.role for c in episode.calls if c.parent == planner.position] == [
+        "router",
+        "search_expert",
+        "distiller",
+    ]
+    assert episode.variables["memory"][0].startswith("the answer is")
+    seen = tokenizer.decode(_owned(planner, TokenOwner.OTHER_ROLE))
+    assert "Result from Search-Agent:" in seen and "Final Conclusion:" in seen
+    assert "You have already called this sub-task" in tokenizer.decode(_owned(planner, TokenOwner.TOOL))
+
+
+GRAPH = """<thinking>split it</thinking>
+<agent><agent_id>A1</agent_id><agent_name>CoTAgent</agent_name><agent_description>solve</agent_description>
+<required_arguments><agent_input>first part</agent_input></required_arguments></agent>
+<agent><agent_id>A2</agent_id><agent_name>CoTAgent</agent_name><agent_description>more</agent_description>
+<required_arguments><agent_input>second part</agent_input></required_arguments></agent>
+<agent><agent_id>SINK</agent_id><agent_name>SCAgent</agent_name><agent_description>combine</agent_description>
+<required_arguments><agent_input>combine ${A1} and ${A2}</agent_input></required_arguments></agent>
+<edge><from>A1</from><to>SINK</to><from>A2</from><to>SINK</to></edge>"""
+
+
+def test_mas_orchestra_runs_the_emitted_graph_in_topological_order(tokenizer):
+    task = wb.generate_tasks("masbench", n=1, seed=0, axis="depth", values=2)[0]
+
+    def script(prompt: str) -> str:
+        if "orchestrator of a multi-agent system" in prompt:
+            return GRAPH
+        if "Current Sub-task: first part" in prompt:
+            return "A1 says \\boxed{3}"
+        if "Current Sub-task: second part" in prompt:
+            return "A2 says \\boxed{4}"
+        assert "combine A1 says \\boxed{3} and A2 says \\boxed{4}" in prompt  # ${ID} substitution
+        return "\\boxed{7}"
+
+    episode = asyncio.run(
+        Rollout(wb.load_topology("mas_orchestra"), ScriptedBackend(tokenizer, script)).episode(task)
+    )
+    assert episode.status == "complete", episode.error
+    assert episode.answer == "Answer: \\boxed{7}"
+    roles = [c.role for c in episode.calls]
+    assert (
+        roles[0] == "orchestrator" and roles.count("cot_agent") == 2 + 5
+    )  # two CoT agents, SC's five samples
+    assert episode.calls[0].parsed["sink"] == "SINK" and episode.calls[0].parsed["order"] == [
+        ["A1", "A2"],
+        ["SINK"],
+    ]
+
+
+# A1 -> A2 <-> A3 -> SINK: one start, one sink, and a cycle in between.
+CYCLE = GRAPH.replace(
+    "<edge><from>A1</from><to>SINK</to><from>A2</from><to>SINK</to></edge>",
+    "<agent><agent_id>A3</agent_id><agent_name>CoTAgent</agent_name><required_arguments><agent_input>x"
+    "</agent_input></required_arguments></agent><edge><from>A1</from><to>A2</to><from>A2</from><to>A3</to>"
+    "<from>A3</from><to>A2</to><from>A3</from><to>SINK</to></edge>",
+)
+
+
+@pytest.mark.parametrize(
+    ("graph", "error"),
+    [
+        (GRAPH.replace("<from>A2</from><to>SINK</to>", ""), "exactly one sink"),
+        (CYCLE, "cycle"),
+        (
+            GRAPH.replace("<edge><from>A1</from><to>SINK</to><from>A2</from><to>SINK</to></edge>", ""),
+            "require edges",
+        ),
+        (
+            GRAPH.replace(
+                "<to>SINK</to><from>A2</from><to>SINK</to>", "<to>SINK</to><from>A2</from><to>NOPE</to>"
+            ),
+            "NOPE",
+        ),
+    ],
+)
+def test_an_invalid_graph_is_a_format_failure_and_scores_nothing(tokenizer, graph, error):
+    task = wb.generate_tasks("masbench", n=1, seed=0, axis="depth", values=2)[0]
+    engine = Rollout(wb.load_topology("mas_orchestra"), ScriptedBackend(tokenizer, lambda prompt: graph))
+    episode = asyncio.run(engine.episode(task))
+    assert episode.status == "complete" and episode.answer == ""
+    assert len(episode.calls) == 1 and error in episode.calls[0].format_error
