@@ -36,6 +36,155 @@ def _marsrl() -> dict:
     return copy.deepcopy(topo.to_dict(topo.load("marsrl")))
 
 
+def _spec(name: str) -> dict:
+    return copy.deepcopy(topo.to_dict(topo.load(name)))
+
+
+def _set(path: list, value):
+    def mutate(d):
+        for key in path[:-1]:
+            d = d[key]
+        d[path[-1]] = value
+
+    return mutate
+
+
+@pytest.mark.parametrize(
+    ("name", "mutate", "path", "message"),
+    [
+        (
+            "mars",
+            _set(["flow", "nodes", "research", "tools"], ["search", "teleport"]),
+            "flow.nodes.research.tools[1]",
+            "unknown tool 'teleport'",
+        ),
+        (
+            "mars",
+            _set(["flow", "nodes", "research", "protocol"], "smoke"),
+            "flow.nodes.research.protocol",
+            "unknown protocol 'smoke'",
+        ),
+        (
+            "mars",
+            _set(["flow", "nodes", "research", "agent"], "system3"),
+            "flow.nodes.research.agent",
+            "unknown role 'system3'",
+        ),
+        (
+            "mars",
+            _set(["flow", "nodes", "research", "max_turns"], 0),
+            "flow.nodes.research.max_turns",
+            "greater than or equal to 1",
+        ),
+        (
+            "mars",
+            _set(["tools", "search", "kind"], "telepathy"),
+            "tools.search.kind",
+            "unknown tool kind 'telepathy'",
+        ),
+        (
+            "mars",
+            _set(["tools", "search", "route", "via"], "system9"),
+            "tools.search.route.via",
+            "unknown role 'system9'",
+        ),
+        (
+            "mars",
+            _set(["tools", "search", "route", "capacity"], 0),
+            "tools.search.route.capacity",
+            "greater than or equal to 1",
+        ),
+        ("mars", _set(["roles", "system2", "mode"], "telegraph"), "roles.system2.mode", "'chat' or 'raw'"),
+        (
+            "mars",
+            _set(["roles", "system1", "postprocess"], ["shred"]),
+            "roles.system1.postprocess[0]",
+            "unknown post-processor 'shred'",
+        ),
+        (
+            "matpo",
+            _set(["tools", "search_and_browse", "subflow"], "nowhere"),
+            "tools.search_and_browse.subflow",
+            "unknown subflow 'nowhere'",
+        ),
+        (
+            "matpo",
+            _set(["subflows", "browse", "start"], "nap"),
+            "subflows.browse.start",
+            "unknown node 'nap'",
+        ),
+        (
+            "matpo",
+            _set(["subflows", "browse", "nodes", "work", "tools"], ["google_search", "fax"]),
+            "subflows.browse.nodes.work.tools[1]",
+            "unknown tool 'fax'",
+        ),
+        (
+            "mas_orchestra",
+            _set(["flow", "nodes", "execute", "agents", "CoTAgent"], "ghost"),
+            "flow.nodes.execute.agents.CoTAgent",
+            "unknown subflow 'ghost'",
+        ),
+        (
+            "mas_orchestra",
+            _set(["flow", "nodes", "execute", "dag"], "graph ||| x"),
+            "flow.nodes.execute.dag",
+            "Jinja2 syntax error",
+        ),
+        (
+            "mas_orchestra",
+            _set(["subflows", "sc", "nodes", "sample", "map"], "nobody"),
+            "subflows.sc.nodes.sample.map",
+            "unknown role 'nobody'",
+        ),
+        (
+            "mas_orchestra",
+            _set(["subflows", "sc", "answer"], "{{ samples | teleport }}"),
+            "subflows.sc.answer",
+            "No filter named 'teleport'",
+        ),
+        (
+            "hira",
+            _set(["subflows", "delegate", "nodes", "select", "next", 0, "when"], "memory and ("),
+            "subflows.delegate.nodes.select.next[0].when",
+            "Jinja2 syntax error",
+        ),
+        ("hira", _set(["roles", "router", "parser"], "yaml"), "roles.router.parser", "unknown parser 'yaml'"),
+        ("debate", _set(["flow", "nodes", "rebut", "into"], None), "flow.nodes.rebut.into", "valid string"),
+        (
+            "debate",
+            _set(["flow", "nodes", "judge", "bind"], {"verdict": "parsed.answer if"}),
+            "flow.nodes.judge.bind.verdict",
+            "Jinja2 syntax error",
+        ),
+        ("debate", _set(["flow", "nodes", "end"], {"call": "judge"}), "flow.nodes.end", "reserved"),
+        ("debate", _set(["flow", "max_calls"], 0), "flow.max_calls", "greater than or equal to 1"),
+        ("debate", _set(["policies"], {"other": {}}), "roles.judge.policy", "unknown policy 'base'"),
+        ("debate", _set(["roles", "judge", "messages"], []), "roles.judge.messages", "at least one message"),
+        (
+            "debate",
+            _set(["roles", "judge", "messages", 0, "role"], "narrator"),
+            "roles.judge.messages[0].role",
+            "'system', 'user' or 'assistant'",
+        ),
+        (
+            "debate",
+            _set(["flow", "nodes", "open_a", "next"], []),
+            "flow.nodes.open_a.next",
+            "at least one branch",
+        ),
+    ],
+)
+def test_invalid_specs_of_every_node_kind_name_path_and_fix(name, mutate, path, message):
+    data = _spec(name)
+    mutate(data)
+    with pytest.raises(topo.TopologyError) as info:
+        topo.from_dict(data)
+    matching = [p for p in info.value.problems if p.path == path]
+    assert matching, str(info.value)
+    assert any(message in p.message for p in matching), str(info.value)
+
+
 @pytest.mark.parametrize(
     ("mutate", "path"),
     [

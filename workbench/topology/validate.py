@@ -40,10 +40,19 @@ class TopologyError(ValueError):
         super().__init__(f"invalid topology '{name}' ({len(problems)} problem(s)):\n{lines}")
 
 
+_NODE_TAGS = {"call", "agent", "map", "dag"}
+
+
 def problems_from_pydantic(error: ValidationError) -> list[Problem]:
     out = []
     for e in error.errors():
-        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".")
+        # a node's kind tag, which pydantic puts in the location of tagged unions, is not part of the path
+        loc = [
+            p
+            for i, p in enumerate(e["loc"])
+            if not (i >= 2 and e["loc"][i - 2] == "nodes" and p in _NODE_TAGS)
+        ]
+        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
         out.append(Problem(path or "(top level)", e["msg"]))
     return out
 
