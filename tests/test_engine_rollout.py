@@ -42,7 +42,7 @@ def test_logprobs_match_a_teacher_forced_forward_pass_under_left_padding(tiny_ba
 def test_rollout_records_every_call_and_survives_malformed_outputs(tiny_backend, tmp_path):
     topology = wb.load_topology("marsrl")
     tasks = wb.generate_tasks("arithmetic", n=2, seed=1, level=1)
-    result = wb.rollout(topology, tasks, backend=tiny_backend, max_tokens=8, runs_dir=tmp_path, samples=2)
+    result = wb.rollout(topology, tasks, backend=tiny_backend, max_tokens=8, runs_dir=tmp_path, group_size=2)
     assert len(result.episodes) == 4
     for episode in result.episodes:
         assert episode.status in {"complete", "call_limit"}, episode.error
@@ -86,3 +86,22 @@ def test_an_exception_inside_one_episode_is_recorded_and_the_others_finish(tiny_
     assert "error" in statuses and any(s != "error" for s in statuses)
     broken = next(e for e in episodes if e.status == "error")
     assert "backend went away" in broken.error
+
+
+def test_cancelling_ends_episodes_as_cancelled_and_keeps_what_finished(tiny_backend):
+    topology = wb.load_topology("marsrl")
+    tasks = wb.generate_tasks("arithmetic", n=3, seed=4, level=1)
+    engine = None
+
+    class CancelAfterFirstBatch:
+        name, tokenizer, policy_version = "hf", tiny_backend.tokenizer, 0
+
+        async def generate(self, request):
+            out = await tiny_backend.generate(request)
+            engine.cancel()  # as the notebook's stop button would, once the Solver calls are back
+            return out
+
+    engine = Rollout(topology, CancelAfterFirstBatch(), max_tokens=4)
+    episodes = asyncio.run(engine.run(tasks))
+    assert [e.status for e in episodes] == ["cancelled"] * 3
+    assert all([c.role for c in e.calls] == ["solver"] for e in episodes), "finished calls are kept"

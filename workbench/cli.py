@@ -70,7 +70,7 @@ def _rollout(args: argparse.Namespace) -> int:
         task_list,
         model=args.model,
         backend=args.backend,
-        samples=args.samples,
+        group_size=args.group_size,
         max_tokens=args.max_tokens,
         runs_dir=args.runs_dir,
         seed=args.seed,
@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("topology", help="built-in name or YAML/JSON file")
     p.add_argument("--tasks", default="arithmetic", help="generator name or a JSONL/Parquet file")
     p.add_argument("--n", type=int, default=8)
-    p.add_argument("--samples", type=int, default=1)
+    p.add_argument("--group-size", type=int, default=1, help="episodes per task (a GRPO group)")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--backend", default="hf")
     p.add_argument("--max-tokens", type=int, default=128)

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from workbench.backends import Backend, make_backend
 from workbench.engine import EpisodeRecord, Rollout
 from workbench.engine.runner import run_sync
@@ -72,14 +74,17 @@ def rollout(
     tasks: list[Task],
     model: str = "smollm2-135m",
     backend: str | Backend = "hf",
-    samples: int = 1,
+    group_size: int = 1,
     max_tokens: int | None = None,
     runs_dir: str | Path = "runs",
     run_id: str | None = None,
     seed: int = 0,
     sampling: dict[str, Any] | None = None,
 ) -> RolloutResult:
-    """Run ``topology`` on every task (``samples`` episodes each) and store the calls as step 0 of a new run.
+    """Run ``topology`` on every task (``group_size`` episodes each) and store the calls as step 0 of a new run.
+
+    Shows a progress bar; an interrupt (Ctrl-C, the notebook's stop button) cancels the rollout and
+    stores the episodes that finished, the others marked ``cancelled``.
 
     ``sampling`` overrides every role's sampling settings (e.g. ``{"temperature": 0.3}``).
     """
@@ -97,7 +102,7 @@ def rollout(
         "topology": to_dict(topology),
         "model": model,
         "backend": backend if isinstance(backend, str) else type(backend).__name__,
-        "samples": samples,
+        "group_size": group_size,
         "max_tokens": max_tokens,
         "seed": seed,
         "tasks": len(tasks),
@@ -109,7 +114,11 @@ def rollout(
         store.set_status("running")
         started = time.perf_counter()
         engine = Rollout(topology, engine_backend, max_tokens=max_tokens, seed=seed)
-        episodes = run_sync(lambda: engine.run(tasks, samples=samples))
+        with tqdm(total=len(tasks) * group_size, desc=f"{topology.name} rollout", unit="episode") as bar:
+            episodes = run_sync(
+                lambda: engine.run(tasks, group_size=group_size, progress=lambda _: bar.update()),
+                on_interrupt=engine.cancel,
+            )
         by_id = {t.id: t for t in tasks}
         rewards = [verify(by_id[e.task_id].verifier, e.answer, by_id[e.task_id].answer) for e in episodes]
         seconds = time.perf_counter() - started

@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 _env = templates
 
 
+class _Cancelled(Exception):
+    """Raised inside an episode once the rollout is cancelled."""
+
+
 @dataclass
 class _Episode:
     """Mutable state of one episode while it runs: its record and the next call position."""
@@ -80,6 +84,11 @@ class Rollout:
         }
         self._tools = dict(tools or {})
         self._tool_lock = threading.Lock()
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        """Stop starting new generations and tool calls; running episodes end as ``cancelled``."""
+        self._cancelled.set()
 
     # ------------------------------------------------------------------ episodes
 
@@ -93,6 +102,8 @@ class Rollout:
         }
         try:
             record.answer, record.status = await self._walk(self.topology.flow, variables, state, parent=None)
+        except _Cancelled:
+            record.status = "cancelled"
         except Exception as error:  # noqa: BLE001 - one broken episode must not stop the rollout
             record.status = "error"
             record.error = f"{type(error).__name__}: {error}"
@@ -100,10 +111,24 @@ class Rollout:
         record.calls.sort(key=lambda c: c.position)
         return record
 
-    async def run(self, tasks: Iterable[Task], samples: int = 1) -> list[EpisodeRecord]:
-        """One episode per task and sample, all concurrently; results in task-major order."""
-        jobs = [self.episode(task, s) for task in tasks for s in range(samples)]
-        return list(await asyncio.gather(*jobs))
+    async def run(
+        self,
+        tasks: Iterable[Task],
+        group_size: int = 1,
+        progress: Callable[[EpisodeRecord], None] | None = None,
+    ) -> list[EpisodeRecord]:
+        """``group_size`` episodes per task, all concurrently; results in task-major order.
+
+        ``progress`` is called with each episode as it finishes (a progress bar's update).
+        """
+
+        async def one(task: Task, sample: int) -> EpisodeRecord:
+            record = await self.episode(task, sample)
+            if progress is not None:
+                progress(record)
+            return record
+
+        return list(await asyncio.gather(*(one(t, s) for t in tasks for s in range(group_size))))
 
     async def _walk(
         self, flow: Flow, variables: dict[str, Any], state: _Episode, parent: int | None
@@ -433,6 +458,8 @@ class Rollout:
     async def _generate(
         self, role: Role, backend: Backend, prompt_ids: list[int], stop: tuple[str, ...]
     ) -> Generation:
+        if self._cancelled.is_set():
+            raise _Cancelled
         max_tokens = role.sampling.max_tokens
         if self.max_tokens is not None:
             max_tokens = min(max_tokens, self.max_tokens)
@@ -500,12 +527,21 @@ def _as_text(content: Any) -> str:
     return json.dumps(content, ensure_ascii=False, default=str)
 
 
-def run_sync(coroutine_factory: Callable[[], Any]) -> Any:
-    """Run a coroutine from plain or notebook code (a running loop gets its own thread)."""
+def run_sync(coroutine_factory: Callable[[], Any], on_interrupt: Callable[[], None] | None = None) -> Any:
+    """Run a coroutine from plain or notebook code (a running loop gets its own thread).
+
+    An interrupt (Ctrl-C, or the notebook's stop button) calls ``on_interrupt`` and waits for the
+    coroutine to wind down, so what finished is kept.
+    """
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(coroutine_factory())
+        if on_interrupt is None:
+            return asyncio.run(coroutine_factory())
+    return _run_in_thread(coroutine_factory, on_interrupt)
+
+
+def _run_in_thread(coroutine_factory: Callable[[], Any], on_interrupt: Callable[[], None] | None) -> Any:
     result: dict[str, Any] = {}
 
     def target() -> None:
@@ -514,9 +550,16 @@ def run_sync(coroutine_factory: Callable[[], Any]) -> Any:
         except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
             result["error"] = error
 
-    thread = threading.Thread(target=target)
+    thread = threading.Thread(target=target, daemon=True)
     thread.start()
-    thread.join()
+    try:
+        while thread.is_alive():
+            thread.join(0.1)
+    except KeyboardInterrupt:
+        if on_interrupt is None:
+            raise
+        on_interrupt()
+        thread.join()
     if "error" in result:
         raise result["error"]
     return result["value"]
