@@ -25,7 +25,9 @@ def _generated(tokenizer, text: str, finished: bool = True) -> Generation:
 def test_chat_turns_render_like_the_chat_template(tokenizer, finished):
     messages = [{"role": "user", "content": "Find the capital of Zarnia."}]
     conversation = Conversation(tokenizer, messages)
-    first = _generated(tokenizer, '<tool_call>{"name": "search", "arguments": {"query": "Zarnia"}}</tool_call>', finished)
+    first = _generated(
+        tokenizer, '<tool_call>{"name": "search", "arguments": {"query": "Zarnia"}}</tool_call>', finished
+    )
     conversation.add_generation(first)
     conversation.insert("<tool_response>\nZarnia's capital is Olvik.\n</tool_response>", TokenOwner.TOOL)
     second = _generated(tokenizer, "<answer>Olvik</answer>")
@@ -38,18 +40,25 @@ def test_chat_turns_render_like_the_chat_template(tokenizer, finished):
     trainable = [i for i, m in enumerate(conversation.mask) if m == TokenOwner.TRAINABLE]
     assert len(trainable) == n1 + len(second.completion_ids)
     assert all(conversation.logprobs[i] == -0.5 for i in trainable)
-    assert all(conversation.logprobs[i] == 0.0 for i in range(len(conversation.mask)) if i not in set(trainable))
+    assert all(
+        conversation.logprobs[i] == 0.0 for i in range(len(conversation.mask)) if i not in set(trainable)
+    )
     # the whole sequence reads as the chat template would have rendered the conversation
     expected = tokenizer.apply_chat_template(
-        [*messages, {"role": "assistant", "content": first.text},
-         {"role": "user", "content": "<tool_response>\nZarnia's capital is Olvik.\n</tool_response>"},
-         {"role": "assistant", "content": second.text}],
+        [
+            *messages,
+            {"role": "assistant", "content": first.text},
+            {"role": "user", "content": "<tool_response>\nZarnia's capital is Olvik.\n</tool_response>"},
+            {"role": "assistant", "content": second.text},
+        ],
         tokenize=False,
     )
     decoded = tokenizer.decode(conversation.ids, skip_special_tokens=False)
     assert decoded.rstrip("\n") == expected.rstrip("\n")
     # the inserted tool text is there, masked as tool output
-    tool_ids = [t for t, m in zip(conversation.completion_ids, conversation.mask, strict=True) if m == TokenOwner.TOOL]
+    tool_ids = [
+        t for t, m in zip(conversation.completion_ids, conversation.mask, strict=True) if m == TokenOwner.TOOL
+    ]
     assert "Olvik" in tokenizer.decode(tool_ids)
 
 

@@ -59,10 +59,31 @@ def test_unknown_protocol_names_the_known_ones():
 
 _fragments = st.sampled_from(
     [
-        "<tool_call>", "</tool_call>", "<answer>", "</answer>", "<use_mcp_tool>", "</use_mcp_tool>",
-        "<server_name>s</server_name>", "<tool_name>t</tool_name>", "<arguments>", "</arguments>",
-        "\\boxed{", "}", "{", '"name"', '"arguments"', ":", ",", "[", "]", "null", "1",
-        HIRA["begin"], HIRA["end"], "<think>", "</think>",
+        "<tool_call>",
+        "</tool_call>",
+        "<answer>",
+        "</answer>",
+        "<use_mcp_tool>",
+        "</use_mcp_tool>",
+        "<server_name>s</server_name>",
+        "<tool_name>t</tool_name>",
+        "<arguments>",
+        "</arguments>",
+        "\\boxed{",
+        "}",
+        "{",
+        '"name"',
+        '"arguments"',
+        ":",
+        ",",
+        "[",
+        "]",
+        "null",
+        "1",
+        HIRA["begin"],
+        HIRA["end"],
+        "<think>",
+        "</think>",
     ]
 )
 _outputs = st.lists(st.one_of(_fragments, st.text(max_size=20)), max_size=30).map("".join)
