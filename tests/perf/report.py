@@ -35,7 +35,28 @@ def render_store(r: dict) -> str:
     return "\n".join(lines)
 
 
-RENDERERS = {"store": render_store}
+def render_binpack(r: dict) -> str:
+    m = r["machine"]
+    lines = [
+        f"**First-Fit-Decreasing bin packing** ({r['mode']} mode, {r['items']:,} items an instance, "
+        f"{r['seeds']} instance(s) per distribution, {m['cpus']} CPUs, Python {m['python']}, {r['when']}); "
+        "`ffd_pack` against the plain two-loop FFD of the MARS sketch on the same instances (identical bins):",
+        "",
+        "| distribution | capacity | `ffd_pack` | plain loops | speed-up | bins | ceil(sum/C) | bins / bound (mean, max) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for d in r["distributions"].values():
+        ratio = f"{d['ratio_mean']:.3f}, {d['ratio_max']:.3f}"
+        if d.get("ratio_to_optimum") is not None:
+            ratio += f" (optimum reached: {d['ratio_to_optimum']:.3f} x OPT)"
+        lines.append(
+            f"| {d['description']} | {d['capacity']:,} | {d['ffd_ms']:.1f} ms | {d['naive_ms']:,.0f} ms | "
+            f"{d['speedup']:.0f}x | {d['bins']:,.0f} | {d['lower_bound']:,.0f} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
+RENDERERS = {"store": render_store, "binpack": render_binpack}
 
 
 def section() -> str:
@@ -45,7 +66,9 @@ def section() -> str:
         render = RENDERERS.get(result.get("benchmark", path.stem))
         if render is not None:
             parts.append(render(result))
-    return "\n\n".join(parts) if parts else "_No benchmark results yet: run `python -m tests.perf.bench_store`._"
+    return (
+        "\n\n".join(parts) if parts else "_No benchmark results yet: run `python -m tests.perf.bench_store`._"
+    )
 
 
 def update_readme(readme: Path = ROOT / "README.md") -> None:

@@ -1,0 +1,1 @@
+"""Training-side algorithms: grouping, advantages, balancing, bin-packing, losses, trainer."""
