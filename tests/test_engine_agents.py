@@ -20,7 +20,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def task():
-    return wb.generate_tasks("multihop", n=1, seed=0, hops=1)[0]
+    return wb.generate_tasks("multihop", n=1, seed=5, hops=1)[0]  # its own knowledge base, not the default
 
 
 def _owned(call, owner):
@@ -54,6 +54,9 @@ def test_mars_routes_search_through_system1_and_passes_python_straight_back(toke
     trainable = tokenizer.decode(_owned(system2, TokenOwner.TRAINABLE))
     assert "search first" in trainable and "Distilled" not in trainable and "42" not in trainable
     assert "expert information extractor" not in system2.prompt_text  # System 2 never sees raw pages
+    # the search ran over the task's own corpus: a supporting document reached System 1
+    supporting = {f"kb://{doc}" for hop in task.metadata["supporting_docs"] for doc in hop}
+    assert any(url in call.prompt_text for call in system1 for url in supporting)
 
 
 def test_matpo_worker_runs_as_a_nested_agent_with_a_fresh_context(tokenizer, task):

@@ -394,7 +394,8 @@ class Rollout:
             return _truncate(answer, spec.truncate), info
         from workbench.tools import run_tool
 
-        result = await run_tool(self._tool(call.name), call.arguments, timeout=spec.timeout)
+        tool = await asyncio.to_thread(self._tool, call.name, variables.get("task"))
+        result = await run_tool(tool, call.arguments, timeout=spec.timeout)
         info = {
             "name": call.name,
             "ok": result.ok,
@@ -412,14 +413,21 @@ class Rollout:
             return _truncate("\n\n".join(distilled), spec.truncate), info
         return _truncate(_as_text(result.content), spec.truncate), info
 
-    def _tool(self, name: str) -> Any:
+    def _tool(self, name: str, task: dict[str, Any] | None) -> Any:
+        """The tool instance for ``name``; a corpus-less search tool searches the task's own corpus."""
+        spec = self.topology.tools[name]
+        options = dict(spec.options)
+        meta = (task or {}).get("metadata", {})
+        uses_task_corpus = spec.kind == "bm25" and not {"corpus", "kb_seed", "n_entities"} & set(options)
+        if uses_task_corpus and "kb_seed" in meta:
+            options.update(kb_seed=meta["kb_seed"], n_entities=meta.get("n_entities", 60))
+        key = (name, options.get("kb_seed"), options.get("n_entities"))
         with self._tool_lock:
-            if name not in self._tools:
+            if key not in self._tools:
                 from workbench.tools import make_tool
 
-                spec = self.topology.tools[name]
-                self._tools[name] = make_tool(spec.kind, **spec.options)
-            return self._tools[name]
+                self._tools[key] = self._tools.get(name) or make_tool(spec.kind, **options)
+            return self._tools[key]
 
     async def _distil(
         self, spec: Any, documents: list[str], call: ToolCall, variables: dict, state: _Episode, parent: int
