@@ -41,6 +41,8 @@ def test_topology_commands(tmp_path):
     assert run("topology", "validate", str(spec)).returncode == 0
     schema = json.loads(run("topology", "schema").stdout)
     assert "roles" in schema["properties"]
+    drawn = run("topology", "diagram", "hira", "--out", str(tmp_path / "hira.html"))
+    assert drawn.returncode == 0 and "meta_planner" in (tmp_path / "hira.html").read_text()
 
 
 @pytest.mark.parametrize(

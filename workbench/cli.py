@@ -28,6 +28,11 @@ def _topology(args: argparse.Namespace) -> int:
         print("\n".join(topology.library()))
     elif args.action == "schema":
         print(json.dumps(topology.json_schema(), indent=2))
+    elif args.action == "diagram":
+        from workbench.topology.diagram import save
+
+        out = args.out or f"{topology.load(args.source).name}.svg"
+        print(f"wrote {save(topology.load(args.source), out)}")
     elif args.action == "show":
         print(topology.to_yaml(topology.load(args.source)), end="")
     else:  # validate
@@ -103,9 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", default="smollm2-135m")
     p.set_defaults(func=_models)
 
-    p = sub.add_parser("topology", help="list, show, validate topologies or print their JSON Schema")
-    p.add_argument("action", choices=["list", "show", "validate", "schema"])
+    p = sub.add_parser("topology", help="list, show, validate or draw topologies, or print their JSON Schema")
+    p.add_argument("action", choices=["list", "show", "validate", "schema", "diagram"])
     p.add_argument("source", nargs="?", default="marsrl", help="built-in name or YAML/JSON file")
+    p.add_argument("--out", help="diagram file (.svg or .html; default: NAME.svg)")
     p.set_defaults(func=_topology)
 
     p = sub.add_parser("tasks", help="list task generators or generate tasks")

@@ -206,3 +206,13 @@ class Topology(_Spec):
     subflows: dict[str, Flow] = Field(
         default_factory=dict, description="Flows run with a fresh context, e.g. an agent exposed as a tool."
     )
+
+    def _repr_svg_(self) -> str:
+        from workbench.topology.diagram import to_svg
+
+        return to_svg(self)
+
+    def _repr_html_(self) -> str:
+        from workbench.topology.diagram import to_html
+
+        return to_html(self, standalone=False)
