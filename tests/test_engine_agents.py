@@ -222,3 +222,39 @@ def test_an_invalid_graph_is_a_format_failure_and_scores_nothing(tokenizer, grap
     episode = asyncio.run(engine.episode(task))
     assert episode.status == "complete" and episode.answer == ""
     assert len(episode.calls) == 1 and error in episode.calls[0].format_error
+
+
+@pytest.mark.parametrize(
+    ("verdicts", "answer", "calls"),
+    [
+        # wrong once, corrected, then four passes in a row: accepted
+        (
+            ["Wrong", "Correct", "Correct", "Correct", "Correct"],
+            "fixed",
+            ["solver", "verifier", "corrector"] + ["verifier"] * 4,
+        ),
+        # never four in a row within ten rounds: the most often verified candidate wins
+        (["Correct", "Wrong"] + ["Correct", "Correct", "Correct", "Wrong"] * 5, "fixed", None),
+    ],
+)
+def test_marsrl_inference_accepts_after_four_passes_or_falls_back(tokenizer, verdicts, answer, calls):
+    task = wb.generate_tasks("arithmetic", n=1, seed=0, level=1)[0]
+    said = iter(verdicts)
+
+    def script(prompt: str) -> str:
+        if "meticulous grader" in prompt:
+            return f"**Final Verdict** ok\n**Correctness**: {next(said)}"
+        if "bug report" in prompt:
+            return "fixed"
+        return "first"
+
+    episode = asyncio.run(
+        Rollout(wb.load_topology("marsrl_inference"), ScriptedBackend(tokenizer, script)).episode(task)
+    )
+    assert episode.status == "complete", episode.error
+    assert episode.answer == answer
+    if calls:
+        assert [c.role for c in episode.calls] == calls
+    else:
+        assert episode.variables["rounds"] == 11 and episode.variables["streak"] < 4
+        assert episode.variables["passes"][0] == 1 and max(episode.variables["passes"]) == 3

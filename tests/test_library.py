@@ -13,6 +13,7 @@ from workbench.store.codec import TokenOwner
 
 TASKS = {
     "marsrl": ("arithmetic", {"level": 1}),
+    "marsrl_inference": ("arithmetic", {"level": 1}),
     "mars": ("multihop", {"hops": 1}),
     "matpo": ("multihop", {"hops": 2}),
     "hira": ("multihop", {"hops": 2}),
@@ -47,7 +48,7 @@ def tiny():
     return HFBackend("tiny")
 
 
-def test_the_library_has_the_five_papers_and_a_debate():
+def test_the_library_has_the_five_papers_marsrls_inference_loop_and_a_debate():
     assert set(TASKS) == set(topo.library())
 
 
