@@ -71,6 +71,15 @@ class Rollout:
                 f"no backend for policies {sorted(missing)}; pass one per policy in the topology"
             )
         self.backends = backends
+        for name, policy in topology.policies.items():
+            if policy.adapter is not None:
+                add = getattr(backends[name], "add_adapter", None)
+                if add is None:
+                    raise ValueError(
+                        f"policy '{name}' is a LoRA adapter; serve it with a backend that has add_adapter "
+                        "(vllm with enable_lora=True)"
+                    )
+                add(name, policy.adapter)
         self.max_tokens = max_tokens
         self.seed = seed
         self._templates = {
@@ -478,6 +487,7 @@ class Rollout:
                 temperature=role.sampling.temperature,
                 top_p=role.sampling.top_p,
                 stop=tuple(dict.fromkeys((*stop, *role.stop))),
+                adapter=role.policy if self.topology.policies[role.policy].adapter else None,
             )
         )
         return generation

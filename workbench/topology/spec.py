@@ -185,9 +185,12 @@ class Flow(_Spec):
 
 
 class Policy(_Spec):
-    """A trainable or frozen generator: the shared base model by default."""
+    """A trainable or frozen generator: the shared base model by default, or a LoRA adapter of it."""
 
     model: str | None = Field(None, description="Model name; None means the run's base model.")
+    adapter: str | None = Field(
+        None, description="A LoRA adapter directory served on the base model (vLLM multi-LoRA); one per role."
+    )
 
 
 class Topology(_Spec):
