@@ -56,7 +56,24 @@ def render_binpack(r: dict) -> str:
     return "\n".join(lines)
 
 
-RENDERERS = {"store": render_store, "binpack": render_binpack}
+def render_engine(r: dict) -> str:
+    lines = [
+        f"**Engine overhead** ({r['mode']} mode, {r['topology']} on {r['model']}, {r['tasks']} problems at once, "
+        f"<= {r['max_tokens']} tokens a call, {r['when']}): the same greedy requests sent straight to the "
+        "backend wave by wave, against the engine running the topology (ratio = raw time / engine time).",
+        "",
+        "| backend | engine tokens/s | raw backend tokens/s | ratio | same token counts |",
+        "|---|---|---|---|---|",
+    ]
+    for kind, b in r["backends"].items():
+        lines.append(
+            f"| {kind} | {b['engine_tokens_per_s']} | {b['raw_tokens_per_s']} | {b['overhead_ratio']:.2f} | "
+            f"{'yes' if b['same_token_counts'] else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
+RENDERERS = {"store": render_store, "binpack": render_binpack, "engine": render_engine}
 
 
 def section() -> str:

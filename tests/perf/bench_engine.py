@@ -1,0 +1,128 @@
+"""Engine overhead: a multi-role topology rollout against the raw backend on the same generation work.
+
+    python -m tests.perf.bench_engine --quick                 # tiny model, hf backend (CI)
+    python -m tests.perf.bench_engine --model smollm2-135m --backends hf vllm
+
+The engine runs MarsRL (Solver -> Verifier -> Corrector ...) greedily over N problems at once. The
+baseline then sends the very same requests (the recorded prompt token ids and max_tokens, greedy)
+straight to the backend, wave by wave as the engine's episodes reached them (call 0 of every
+episode, then call 1, ...), so both do the same generation work; greedy decoding makes the
+completions, and so the token counts, identical (checked). overhead ratio = raw time / engine time
+(1.0 means the engine costs nothing on top; the target is >= 0.90). Results go to
+tests/perf/results/engine.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from workbench.backends import make_backend
+from workbench.backends.base import GenerationRequest
+from workbench.engine import Rollout
+from workbench.runs import with_sampling
+from workbench.tasks import generate
+from workbench.topology import load
+
+DEFAULT_OUT = Path(__file__).parent / "results" / "engine.json"
+
+
+def measure(backend: Any, n_tasks: int, max_tokens: int) -> dict[str, Any]:
+    topology = with_sampling(load("marsrl"), temperature=0.0)
+    tasks = generate("arithmetic", n=n_tasks, seed=0, level=2)
+    engine = Rollout(topology, backend, max_tokens=max_tokens)
+    asyncio.run(engine.run(tasks))  # warm-up: the same shapes for both timed runs
+
+    started = time.perf_counter()
+    episodes = asyncio.run(engine.run(tasks))
+    engine_s = time.perf_counter() - started
+
+    waves: dict[int, list] = defaultdict(list)
+    for episode in episodes:
+        for call in episode.calls:
+            waves[call.position].append(call)
+
+    async def replay(calls: list) -> list:
+        requests = [GenerationRequest(c.prompt_ids, max_tokens=max_tokens, temperature=0.0) for c in calls]
+        return await asyncio.gather(*(backend.generate(r) for r in requests))
+
+    raw_s, raw_tokens, same = 0.0, 0, True
+    for position in sorted(waves):
+        started = time.perf_counter()
+        outputs = asyncio.run(replay(waves[position]))
+        raw_s += time.perf_counter() - started
+        for call, (generation,) in zip(waves[position], outputs, strict=True):
+            raw_tokens += len(generation.completion_ids)
+            same &= len(generation.completion_ids) == len(call.completion_ids)
+    engine_tokens = sum(len(c.completion_ids) for e in episodes for c in e.calls)
+    return {
+        "episodes": len(episodes),
+        "calls": sum(len(e.calls) for e in episodes),
+        "engine_s": round(engine_s, 3),
+        "raw_s": round(raw_s, 3),
+        "engine_tokens": engine_tokens,
+        "raw_tokens": raw_tokens,
+        "same_token_counts": bool(same),
+        "engine_tokens_per_s": round(engine_tokens / engine_s, 1),
+        "raw_tokens_per_s": round(raw_tokens / raw_s, 1),
+        "overhead_ratio": round(raw_s / engine_s, 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny model, hf only, few problems")
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--backends", nargs="+", default=None)
+    parser.add_argument("--tasks", type=int, default=None)
+    parser.add_argument("--max-tokens", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    model = args.model or ("tiny" if args.quick else "smollm2-135m")
+    kinds = args.backends or (["hf"] if args.quick else ["hf", "vllm"])
+    n_tasks = args.tasks or (8 if args.quick else 16)
+    max_tokens = args.max_tokens or (16 if args.quick else 48)
+    results: dict[str, Any] = {}
+    for kind in kinds:
+        backend = make_backend(kind, model)
+        try:
+            results[kind] = measure(backend, n_tasks, max_tokens)
+        finally:
+            backend.close()
+    report = {
+        "benchmark": "engine",
+        "mode": "quick" if args.quick else "full",
+        "model": model,
+        "topology": "marsrl",
+        "tasks": n_tasks,
+        "max_tokens": max_tokens,
+        "backends": results,
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+        },
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"{'backend':8} {'engine tok/s':>13} {'raw tok/s':>10} {'ratio':>6} same-tokens")
+    for kind, r in results.items():
+        print(
+            f"{kind:8} {r['engine_tokens_per_s']:>13} {r['raw_tokens_per_s']:>10} {r['overhead_ratio']:>6} {r['same_token_counts']}"
+        )
+    print(f"wrote {args.out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
