@@ -11,6 +11,9 @@ Semantics every backend follows:
 - ``finish_reason`` is ``"stop"`` (end-of-sequence or a stop string) or ``"length"`` (``max_tokens``).
 - ``logprobs`` are the raw model's log-probabilities of the sampled tokens (before temperature).
 - ``adapter`` names a LoRA adapter of the base model, for roles bound to per-role adapters.
+- ``retokenized`` is True only where a backend could not get the engine's token ids (an
+  OpenAI-compatible server without token-id output) and re-tokenised the text: such samples
+  carry approximate ids and log-probs, and training must refuse them.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class Generation:
     stop_reason: str | None = None  # the stop string that ended it, if any
     policy_version: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    retokenized: bool = False  # ids re-tokenised from text, not the engine's: never train on these
 
 
 @runtime_checkable

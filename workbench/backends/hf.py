@@ -13,6 +13,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from transformers import StoppingCriteria
+
 from workbench.backends.base import BackendError, Generation, GenerationRequest, cut_at_stop
 
 
@@ -36,6 +38,7 @@ class HFBackend:
         else:
             self.model, self.tokenizer = model, tokenizer
         self.model.eval()
+        self.eos_ids = _eos_ids(self.model, self.tokenizer)
         self.max_batch = max_batch
         self.policy_version = 0
         self._queue: list[tuple[GenerationRequest, asyncio.Future]] = []
@@ -106,19 +109,17 @@ class HFBackend:
                 top_p=None if greedy else first.top_p,
                 top_k=None if greedy else first.top_k,
                 pad_token_id=pad_id,
-                eos_token_id=self.tokenizer.eos_token_id,
-                stop_strings=list(first.stop) or None,
-                tokenizer=self.tokenizer if first.stop else None,
+                eos_token_id=self.eos_ids,
+                stopping_criteria=[_StopStrings(self.tokenizer, first.stop, width)] if first.stop else None,
             )
             new_tokens = sequences[:, width:]
             chosen = self._logprobs(sequences, attention, width)
         elapsed = time.perf_counter() - started
-        eos = self.tokenizer.eos_token_id
         generations = []
         for i in range(len(rows)):
             ids = new_tokens[i].tolist()
-            n = ids.index(eos) + 1 if eos in ids else len(ids)
-            finish = "stop" if eos in ids[:n] else "length"
+            n = next((k + 1 for k, t in enumerate(ids) if t in self.eos_ids), len(ids))
+            finish = "stop" if ids[:n] and ids[n - 1] in self.eos_ids else "length"
             cut, stop_reason = cut_at_stop(self.tokenizer, ids[:n], first.stop)
             if stop_reason is not None:
                 n, finish = cut, "stop"
@@ -153,6 +154,39 @@ class HFBackend:
     def close(self) -> None:
         if self._worker is not None:
             self._worker.cancel()
+
+
+class _StopStrings(StoppingCriteria):
+    """Ends a row once its decoded completion contains a stop string (the rule of ``cut_at_stop``).
+
+    transformers' own ``stop_strings`` matches token strings and can end a row early (it stopped
+    after one newline token for the stop string of two newlines), so rows are checked on decoded
+    text: at each step only the tail of each completion, long enough to hold any stop string.
+    """
+
+    def __init__(self, tokenizer: Any, stop: tuple[str, ...], width: int):
+        self.tokenizer, self.stop, self.width = tokenizer, [s for s in stop if s], width
+        self.tail = 4 * max((len(s.encode()) for s in self.stop), default=1) + 4  # tokens: >= 1 byte each
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        done = [
+            any(s in self.tokenizer.decode(row[-self.tail :], skip_special_tokens=False) for s in self.stop)
+            for row in input_ids[:, self.width :].tolist()
+        ]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    """End-of-sequence ids: the tokenizer's and the generation config's (as vLLM stops on both)."""
+    ids: list[int] = []
+    config = getattr(model, "generation_config", None)
+    for value in (tokenizer.eos_token_id, getattr(config, "eos_token_id", None)):
+        for token in value if isinstance(value, list | tuple) else [value]:
+            if token is not None and token not in ids:
+                ids.append(int(token))
+    return ids
 
 
 def _batches(items: list, max_rows: int) -> list[list]:

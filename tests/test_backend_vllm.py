@@ -1,0 +1,238 @@
+"""The in-process vLLM backend beyond the shared semantics: LoRA adapters, cancellation, clean shutdown.
+
+vLLM's CPU build serves LoRA adapters (``enable_lora=True``); a random peft adapter of ``tiny`` must
+give the same greedy tokens and log-probs through vLLM as through peft, and re-adding a name after
+"training" must switch to the new weights. One engine serves the module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from workbench.backends import BackendError
+from workbench.backends.base import GenerationRequest
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed"),
+]
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _children() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_path: Path):
+    from workbench.backends.vllm import VLLMBackend
+
+    before = _children()
+    backend = VLLMBackend(tiny_model_path, max_model_len=512, enable_lora=True, max_loras=2, max_lora_rank=8)
+    backend.spawned = _children() - before  # the engine core and its worker
+    yield backend
+    backend.close()
+
+
+def random_adapter(tiny_model_path: Path, out: Path, seed: int):
+    """A peft LoRA adapter of ``tiny`` with large random weights, saved to ``out``; returns the peft model."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from workbench.models import load
+
+    model, _ = load(tiny_model_path)
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=LORA_TARGETS, init_lora_weights=False)
+    peft_model = get_peft_model(model, config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+    peft_model.save_pretrained(out)
+    return peft_model.eval()
+
+
+def peft_greedy(model, prompt: list[int], max_tokens: int) -> tuple[list[int], list[float]]:
+    import torch
+
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            ids = torch.cat([ids, model(ids).logits[:, -1:].argmax(-1)], dim=1)
+        logprobs = model(ids).logits[0].float().log_softmax(-1)
+    completion = ids[0, len(prompt) :].tolist()
+    return completion, [logprobs[len(prompt) - 1 + i, t].item() for i, t in enumerate(completion)]
+
+
+def teacher_forced(model, prompt: list[int], completion: list[int]) -> list[float]:
+    import torch
+
+    with torch.no_grad():
+        logprobs = model(torch.tensor([prompt + completion])).logits[0].float().log_softmax(-1)
+    return [logprobs[len(prompt) - 1 + i, t].item() for i, t in enumerate(completion)]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_engine_processes_are_children_of_this_process(engine):
+    assert engine.spawned, "vLLM should run its engine core in a child process"
+
+
+def test_a_lora_adapter_generates_like_peft_and_unlike_the_base(engine, tiny_model_path, tmp_path):
+    prompt = engine.tokenizer("1 + 2 =", add_special_tokens=False)["input_ids"]
+    peft_model = random_adapter(tiny_model_path, tmp_path / "first", seed=0)
+    expected, expected_logprobs = peft_greedy(peft_model, prompt, 8)
+
+    first_id = engine.add_adapter("solver", tmp_path / "first")
+    assert engine.adapters == {"solver": first_id}
+    base = run(engine.generate(GenerationRequest(prompt, max_tokens=8, temperature=0.0)))[0]
+    tuned = run(engine.generate(GenerationRequest(prompt, max_tokens=8, temperature=0.0, adapter="solver")))[
+        0
+    ]
+    assert tuned.completion_ids == expected != base.completion_ids
+    assert tuned.logprobs == pytest.approx(expected_logprobs, abs=1e-3)
+
+    # after a training step the trainer saves new weights and re-adds the same name
+    peft_model = random_adapter(tiny_model_path, tmp_path / "second", seed=1)
+    expected, _ = peft_greedy(peft_model, prompt, 8)
+    assert engine.add_adapter("solver", tmp_path / "second") != first_id
+    (again,) = run(
+        engine.generate(GenerationRequest(prompt, max_tokens=8, temperature=0.0, adapter="solver"))
+    )
+    assert again.completion_ids == expected != tuned.completion_ids
+
+
+def test_load_weights_swaps_the_base_model_in_place(engine, tiny_model_path, tmp_path):
+    import torch
+
+    from workbench.models import load
+
+    prompt = engine.tokenizer("1 + 2 =", add_special_tokens=False)["input_ids"]
+    model, _ = load(tiny_model_path)
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # a "training step": every weight moves
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.2)
+    model.save_pretrained(tmp_path / "step-1")
+    expected, expected_logprobs = peft_greedy(model, prompt, 8)
+    greedy = GenerationRequest(prompt, max_tokens=8, temperature=0.0)
+    before = run(engine.generate(greedy))[0]
+    assert before.completion_ids != expected
+
+    seconds = engine.load_weights(tmp_path / "step-1")
+    after = run(engine.generate(greedy))[0]
+    assert after.completion_ids == expected and after.policy_version == 1
+    assert after.logprobs == pytest.approx(expected_logprobs, abs=1e-3)
+    assert seconds < 30
+
+    # back to the base while a long request runs: it finishes on the step-1 weights with version 1,
+    # a request sent during the reload waits and runs on the base weights with version 0
+    base, _ = load(tiny_model_path)
+
+    async def reload_while_generating():
+        # greedy on the step-1 weights writes no end-of-sequence in 300 tokens: about a second of work
+        long = GenerationRequest(prompt, max_tokens=300, temperature=0.0)
+        running = asyncio.ensure_future(engine.generate(long))
+        await asyncio.sleep(0.02)  # the request reaches the engine
+        reload = asyncio.ensure_future(
+            asyncio.to_thread(engine.load_weights, tiny_model_path, policy_version=0)
+        )
+        while not engine.reloading and not reload.done():
+            await asyncio.sleep(0.005)
+        assert not running.done(), "the long request ended before the reload began"
+        waiting = await engine.generate(GenerationRequest(prompt, max_tokens=8))
+        await reload
+        return (await running)[0], waiting[0]
+
+    old, new = run(reload_while_generating())
+    assert old.policy_version == 1 and len(old.completion_ids) == 300
+    assert old.logprobs == pytest.approx(teacher_forced(model, prompt, old.completion_ids), abs=1e-3)
+    assert new.policy_version == 0
+    assert new.logprobs == pytest.approx(teacher_forced(base, prompt, new.completion_ids), abs=1e-3)
+    assert run(engine.generate(greedy))[0].completion_ids == before.completion_ids
+    with pytest.raises(BackendError, match="safetensors"):
+        engine.load_weights(tmp_path / "missing")
+
+
+def test_adding_a_directory_without_an_adapter_is_refused(engine, tmp_path):
+    with pytest.raises(BackendError, match="adapter_config.json"):
+        engine.add_adapter("critic", tmp_path)
+
+
+def test_cancelling_a_caller_aborts_its_request_and_the_engine_goes_on(engine):
+    prompt = engine.tokenizer("1 + 2 =", add_special_tokens=False)["input_ids"]
+
+    async def cancelled_then_served():
+        long = GenerationRequest(prompt, max_tokens=400, temperature=1.0)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(engine.generate(long), timeout=0.2)
+        return await engine.generate(GenerationRequest(prompt, max_tokens=4, temperature=1.0))
+
+    (gen,) = run(cancelled_then_served())
+    assert len(gen.completion_ids) == 4
+    assert engine._engine.get_num_unfinished_requests() == 0
+
+
+def test_close_stops_the_engine_processes(tiny_model_path):
+    import psutil
+
+    from workbench.backends.vllm import VLLMBackend
+
+    before = _children()
+    with VLLMBackend(tiny_model_path, max_model_len=256) as backend:
+        spawned = _children() - before
+        assert spawned
+        prompt = backend.tokenizer("1 + 2 =", add_special_tokens=False)["input_ids"]
+        assert len(run(backend.generate(GenerationRequest(prompt, max_tokens=3)))[0].completion_ids) == 3
+    _, alive = psutil.wait_procs(
+        [psutil.Process(pid) for pid in spawned if psutil.pid_exists(pid)], timeout=30
+    )
+    assert not alive, f"engine processes left running: {[p.pid for p in alive]}"
+    with pytest.raises(BackendError, match="closed"):
+        run(backend.generate(GenerationRequest(prompt, max_tokens=3)))
+
+
+_KERNEL_CELL = """
+from workbench.backends import make_backend
+from workbench.backends.base import GenerationRequest
+backend = make_backend("vllm", "tiny", max_model_len=256)
+ids = backend.tokenizer("1 + 2 =", add_special_tokens=False)["input_ids"]
+gens = await backend.generate(GenerationRequest(ids, max_tokens=5, temperature=0.0, n=2))
+print("RESULT", [len(g.completion_ids) for g in gens])
+backend.close()
+"""
+
+
+def test_the_engine_starts_and_serves_inside_a_jupyter_kernel():
+    """vLLM spawns its processes from a kernel too, and a cell can await the backend on the kernel's loop."""
+    pytest.importorskip("ipykernel")
+    from jupyter_client.manager import start_new_kernel
+
+    manager, client = start_new_kernel(kernel_name="python3")
+    output: list[str] = []
+
+    def hook(msg):
+        content = msg["content"]
+        if msg["msg_type"] == "stream":
+            output.append(content["text"])
+        elif msg["msg_type"] == "error":
+            output.append(f"{content['ename']}: {content['evalue']}")
+
+    try:
+        reply = client.execute_interactive(_KERNEL_CELL, timeout=240, output_hook=hook)
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    text = "".join(output)
+    assert reply["content"]["status"] == "ok", text[-3000:]
+    assert "RESULT [5, 5]" in text

