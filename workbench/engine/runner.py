@@ -23,15 +23,12 @@ from workbench.engine.parsers import PARSERS, POSTPROCESS, FormatError
 from workbench.engine.protocols import Actions, ToolCall, make_protocol
 from workbench.engine.records import CallRecord, EpisodeRecord
 from workbench.engine.templating import evaluate as _evaluate
-from workbench.engine.templating import templates
+from workbench.engine.templating import template
 from workbench.store.codec import TokenOwner
 from workbench.topology.spec import END, AgentNode, CallNode, DagNode, Flow, MapNode, Role, Topology
 
 if TYPE_CHECKING:
     from workbench.tasks import Task
-
-
-_env = templates
 
 
 class _Cancelled(Exception):
@@ -83,12 +80,12 @@ class Rollout:
         self.max_tokens = max_tokens
         self.seed = seed
         self._templates = {
-            (name, i): _env.from_string(m.content)
+            (name, i): template(m.content)
             for name, role in topology.roles.items()
             for i, m in enumerate(role.messages)
         }
         self._answers = {
-            id(flow): _env.from_string(flow.answer) if flow.answer else None
+            id(flow): template(flow.answer) if flow.answer else None
             for flow in [topology.flow, *topology.subflows.values()]
         }
         self._tools = dict(tools or {})
@@ -309,7 +306,7 @@ class Rollout:
             finish = "turn_limit" if actions.tool_calls else finish
         if node.final_prompt and (node.final_when == "always" or finish in {"turn_limit", "length"}):
             limited = finish in {"turn_limit", "length"}
-            prompt = _env.from_string(node.final_prompt).render({**variables, "limit_reached": limited})
+            prompt = template(node.final_prompt).render({**variables, "limit_reached": limited})
             conversation.insert(prompt, TokenOwner.OTHER_ROLE, role="user")
             generation = await self._generate(role, backend, conversation.ids, ())
             text = _postprocess(role, generation.text)

@@ -6,6 +6,7 @@ and ``boxed`` (the content of the last ``\\boxed{}``).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jinja2
@@ -43,6 +44,17 @@ for _environment in (templates, expressions):
     _environment.filters.update({"majority": majority, "boxed": boxed})
 
 
+@functools.lru_cache(maxsize=4096)
+def _compiled(expression: str) -> Any:
+    return expressions.compile_expression(expression, undefined_to_none=True)
+
+
+@functools.lru_cache(maxsize=1024)
+def template(source: str) -> jinja2.Template:
+    """A compiled prompt template (cached: the same text compiles once)."""
+    return templates.from_string(source)
+
+
 def evaluate(expression: str, variables: dict[str, Any]) -> Any:
     """Value of a Jinja2 expression; undefined names read as None."""
-    return expressions.compile_expression(expression, undefined_to_none=True)(**variables)
+    return _compiled(expression)(**variables)
