@@ -64,8 +64,10 @@ chromium:
 test: env-test chromium
 	@echo "==> ruff"
 	$(VENV)/bin/ruff check .
-	@echo "==> pytest (unit, integration, notebooks, browser, quick benchmarks)"
-	$(VENV)/bin/pytest -n 2 --dist loadfile tests notebooks --nbval-lax $(PYTEST_ARGS)
+	@echo "==> pytest, parallel phase (unit, integration, notebooks, browser, quick benchmarks)"
+	$(VENV)/bin/pytest -n 2 --dist loadfile -m "not vllm" tests notebooks --nbval-lax $(PYTEST_ARGS)
+	@echo "==> pytest, vLLM phase (one engine at a time, nothing beside it)"
+	$(VENV)/bin/pytest -m vllm tests $(PYTEST_ARGS)
 
 lint: env-test
 	$(VENV)/bin/ruff check .

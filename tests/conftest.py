@@ -28,3 +28,21 @@ def smollm2_path() -> Path:
 
 
 # --- end models fixtures ---
+
+
+# --- vLLM phase ---
+# vLLM's CPU engine keeps its OpenMP threads busy; a torch process beside it on the same two cores slows
+# down many times over. `make test` therefore runs these tests in a phase of their own (-m vllm) after
+# the parallel phase (-m "not vllm").
+VLLM_MODULES = {"test_backend_vllm.py", "test_models_vllm.py", "test_backend_openai.py"}
+VLLM_PARAMS = {"vllm", "openai"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if item.path.name in VLLM_MODULES or VLLM_PARAMS & {v for v in params.values() if isinstance(v, str)}:
+            item.add_marker(pytest.mark.vllm)
+
+
+# --- end vLLM phase ---
