@@ -8,6 +8,7 @@ give the same greedy tokens and log-probs through vLLM as through peft, and re-a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 from pathlib import Path
 
@@ -25,9 +26,15 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 
 def _children() -> set[int]:
+    """Child processes, less Python's multiprocessing resource tracker (it lives as long as this process)."""
     import psutil
 
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+    pids = set()
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "resource_tracker" not in " ".join(p.cmdline()):
+                pids.add(p.pid)
+    return pids
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +46,19 @@ def engine(tiny_model_path: Path):
     backend.spawned = _children() - before  # the engine core and its worker
     yield backend
     backend.close()
+    alive = _still_running(backend.spawned)
+    assert not alive, f"close() left engine processes running: {alive}"
+
+
+def _still_running(pids: set[int], timeout: float = 30) -> list[int]:
+    import psutil
+
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            procs.append(psutil.Process(pid))
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    return [p.pid for p in alive]
 
 
 def random_adapter(tiny_model_path: Path, out: Path, seed: int):
@@ -95,6 +115,7 @@ def test_a_lora_adapter_generates_like_peft_and_unlike_the_base(engine, tiny_mod
 
     first_id = engine.add_adapter("solver", tmp_path / "first")
     assert engine.adapters == {"solver": first_id}
+    assert engine.add_adapter("solver", tmp_path / "first") == first_id  # unchanged files: nothing to load
     base = run(engine.generate(GenerationRequest(prompt, max_tokens=8, temperature=0.0)))[0]
     tuned = run(engine.generate(GenerationRequest(prompt, max_tokens=8, temperature=0.0, adapter="solver")))[
         0
@@ -183,38 +204,32 @@ def test_cancelling_a_caller_aborts_its_request_and_the_engine_goes_on(engine):
     assert engine._engine.get_num_unfinished_requests() == 0
 
 
-def test_close_stops_the_engine_processes(tiny_model_path):
-    import psutil
-
-    from workbench.backends.vllm import VLLMBackend
-
-    before = _children()
-    with VLLMBackend(tiny_model_path, max_model_len=256) as backend:
-        spawned = _children() - before
-        assert spawned
-        prompt = backend.tokenizer("1 + 2 =", add_special_tokens=False)["input_ids"]
-        assert len(run(backend.generate(GenerationRequest(prompt, max_tokens=3)))[0].completion_ids) == 3
-    _, alive = psutil.wait_procs(
-        [psutil.Process(pid) for pid in spawned if psutil.pid_exists(pid)], timeout=30
-    )
-    assert not alive, f"engine processes left running: {[p.pid for p in alive]}"
-    with pytest.raises(BackendError, match="closed"):
-        run(backend.generate(GenerationRequest(prompt, max_tokens=3)))
-
-
 _KERNEL_CELL = """
-from workbench.backends import make_backend
+import psutil
+from workbench.backends import BackendError, make_backend
 from workbench.backends.base import GenerationRequest
-backend = make_backend("vllm", "tiny", max_model_len=256)
-ids = backend.tokenizer("1 + 2 =", add_special_tokens=False)["input_ids"]
-gens = await backend.generate(GenerationRequest(ids, max_tokens=5, temperature=0.0, n=2))
-print("RESULT", [len(g.completion_ids) for g in gens])
-backend.close()
+
+def children():  # less multiprocessing's resource tracker, which lives as long as the kernel
+    return {p.pid for p in psutil.Process().children(recursive=True) if "resource_tracker" not in " ".join(p.cmdline())}
+
+before = children()
+with make_backend("vllm", "tiny", max_model_len=256) as backend:
+    spawned = children() - before
+    ids = backend.tokenizer("1 + 2 =", add_special_tokens=False)["input_ids"]
+    gens = await backend.generate(GenerationRequest(ids, max_tokens=5, temperature=0.0, n=2))
+print("RESULT", [len(g.completion_ids) for g in gens], len(spawned) > 0)
+_, alive = psutil.wait_procs([psutil.Process(pid) for pid in spawned if psutil.pid_exists(pid)], timeout=30)
+print("ALIVE", [p.pid for p in alive])
+try:
+    await backend.generate(GenerationRequest(ids, max_tokens=2))
+except BackendError as error:
+    print("AFTER CLOSE", error)
 """
 
 
 def test_the_engine_starts_and_serves_inside_a_jupyter_kernel():
-    """vLLM spawns its processes from a kernel too, and a cell can await the backend on the kernel's loop."""
+    """vLLM spawns its processes from a kernel too, a cell awaits the backend on the kernel's loop, and
+    leaving the ``with`` block stops the engine's processes."""
     pytest.importorskip("ipykernel")
     from jupyter_client.manager import start_new_kernel
 
@@ -235,4 +250,6 @@ def test_the_engine_starts_and_serves_inside_a_jupyter_kernel():
         manager.shutdown_kernel(now=True)
     text = "".join(output)
     assert reply["content"]["status"] == "ok", text[-3000:]
-    assert "RESULT [5, 5]" in text
+    assert "RESULT [5, 5] True" in text
+    assert "ALIVE []" in text, text[-3000:]
+    assert "AFTER CLOSE this vllm backend is closed" in text

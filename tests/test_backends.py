@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.backends import BackendError, make_backend
+from workbench.backends import Backend, BackendError, make_backend
 from workbench.backends.base import GenerationRequest, cut_at_stop
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -267,6 +267,7 @@ def test_concurrent_requests_all_complete_with_exact_tokens(backend, reference, 
 
 
 def test_policy_version_is_copied_to_every_generation(backend, prompts):
+    assert isinstance(backend, Backend)
     backend.policy_version = 7
     try:
         ((*gens,),) = generate(

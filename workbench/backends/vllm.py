@@ -120,6 +120,7 @@ class VLLMBackend:
         self.policy_version = 0
         self.enable_lora = enable_lora
         self._adapters: dict[str, Any] = {}
+        self._fingerprints: dict[str, tuple] = {}
         self._adapter_ids = itertools.count(1)
         lora = {"max_loras": max_loras, "max_lora_rank": max_lora_rank} if enable_lora else {}
         args = AsyncEngineArgs(
@@ -286,8 +287,9 @@ class VLLMBackend:
     def add_adapter(self, name: str, path: str | Path) -> int:
         """Register (or re-register, after training) a peft LoRA adapter directory under ``name``.
 
-        Returns the adapter's integer id in the engine. Re-adding a name gives it a fresh id, so the
-        engine loads the new weights while requests already running finish on the old ones.
+        Returns the adapter's integer id in the engine. Re-adding a name whose files changed (a training
+        step saved new weights) gives it a fresh id, so the engine loads the new weights while requests
+        already running finish on the old ones; re-adding unchanged files keeps the id.
         """
         from vllm.lora.request import LoRARequest
 
@@ -299,12 +301,16 @@ class VLLMBackend:
             raise BackendError(
                 f"adapter '{name}': {directory} has no adapter_config.json (save it with peft)"
             )
+        fingerprint = (str(directory.resolve()), _files_fingerprint(directory))
+        if name in self._adapters and self._fingerprints.get(name) == fingerprint:
+            return self._adapters[name].lora_int_id
         lora = LoRARequest(lora_name=name, lora_int_id=next(self._adapter_ids), lora_path=str(directory))
         try:
             self._loop.run(self._engine.add_lora(lora))
         except Exception as error:
             raise BackendError(f"vllm could not load adapter '{name}' from {directory}: {error}") from error
         self._adapters[name] = lora
+        self._fingerprints[name] = fingerprint
         return lora.lora_int_id
 
     @property
@@ -340,6 +346,13 @@ class VLLMBackend:
 
 def _stop(loop: LoopThread, engine: Any) -> None:
     loop.stop(_shutdown_engine(engine))
+
+
+def _files_fingerprint(directory: Path) -> tuple:
+    """Names, sizes and modification times of a directory's files: changes when an adapter is re-saved."""
+    return tuple(
+        (f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(directory.iterdir()) if f.is_file()
+    )
 
 
 def _sampled_logprobs(logprobs: Any, ids: list[int]) -> list[float]:
