@@ -73,7 +73,29 @@ def render_engine(r: dict) -> str:
     return "\n".join(lines)
 
 
-RENDERERS = {"store": render_store, "binpack": render_binpack, "engine": render_engine}
+def render_backends(r: dict) -> str:
+    lines = [
+        f"**Raw backend throughput** ({r['mode']} mode, {r['model']}, {r['prompts']} prompts x <= {r['max_tokens']} "
+        f"tokens submitted at once, {r['when']}):",
+        "",
+        "| backend | completion tokens/s | start-up |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {k} | {b['tokens_per_s']} | {b['startup_s']} s |" for k, b in r["backends"].items()]
+    base = r["backends"].get("hf", {}).get("tokens_per_s")
+    if base and "vllm" in r["backends"]:
+        lines.append(
+            f"\nvLLM's CPU build / transformers: {r['backends']['vllm']['tokens_per_s'] / base:.2f}x."
+        )
+    return "\n".join(lines)
+
+
+RENDERERS = {
+    "store": render_store,
+    "binpack": render_binpack,
+    "engine": render_engine,
+    "backends": render_backends,
+}
 
 
 def section() -> str:
