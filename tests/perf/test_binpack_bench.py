@@ -3,29 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.perf.runner import run_bench
 
 
 @pytest.mark.perf
 def test_bench_binpack_quick(tmp_path):
     out = tmp_path / "binpack.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.perf.bench_binpack", "--quick", "--out", str(out)],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    print(result.stdout)
+    result = run_bench("bench_binpack", "--quick", "--out", str(out))
     figures = json.loads(out.read_text())
     assert figures["benchmark"] == "binpack" and figures["mode"] == "quick" and figures["items"] == 10_000
     runs = figures["distributions"]

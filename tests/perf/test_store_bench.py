@@ -3,38 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.perf.runner import run_bench
 
 
 @pytest.mark.perf
 def test_bench_store_quick(tmp_path):
     out = tmp_path / "store.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.perf.bench_store",
-            "--quick",
-            "--out",
-            str(out),
-            "--workdir",
-            str(tmp_path),
-        ],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    print(result.stdout)
+    result = run_bench("bench_store", "--quick", "--out", str(out), "--workdir", str(tmp_path), timeout=300)
     figures = json.loads(out.read_text())
     ingest = figures["ingest"]
     assert figures["mode"] == "quick" and figures["calls"] == 20_000

@@ -51,7 +51,7 @@ def models_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     return cache_root(cache_dir) / "models"
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(1 << 20):
@@ -62,7 +62,7 @@ def _sha256(path: Path) -> str:
 def write_manifest(entry: Path, name: str, recipe: str, source: dict[str, Any]) -> dict[str, Any]:
     """Record every file of ``entry`` with its size and hash; written last, it marks the entry complete."""
     files = {
-        str(p.relative_to(entry)): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        str(p.relative_to(entry)): {"size": p.stat().st_size, "sha256": sha256_file(p)}
         for p in sorted(entry.rglob("*"))
         if p.is_file() and p.name != MANIFEST
     }
@@ -99,7 +99,7 @@ def check_entry(entry: Path, recipe: str, deep: bool = False) -> str | None:
             return f"missing file {rel}"
         if size != meta.get("size"):
             return f"file {rel} has {size} bytes, expected {meta.get('size')}"
-        if deep and _sha256(path) != meta.get("sha256"):
+        if deep and sha256_file(path) != meta.get("sha256"):
             return f"file {rel} does not match its recorded SHA-256"
     return None
 

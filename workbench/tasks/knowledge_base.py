@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from workbench.tasks.errors import (
     TaskFileNotFoundError,
     TaskOptionError,
 )
+from workbench.tasks.task import write_jsonl
 
 ENTITY_TYPES = ("person", "city", "country", "company", "university", "invention")
 
@@ -423,18 +423,7 @@ def build_knowledge_base(seed: int = 0, n_entities: int = 60) -> KnowledgeBase:
 
 def save_corpus(documents: Iterable[Document], path: str | os.PathLike[str]) -> Path:
     """Write documents as JSONL, atomically (temporary file renamed into place)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            for doc in documents:
-                handle.write(json.dumps(doc.to_dict(), ensure_ascii=False) + "\n")
-        os.replace(tmp_name, target)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    return target
+    return write_jsonl((json.dumps(doc.to_dict(), ensure_ascii=False) for doc in documents), path)
 
 
 def load_corpus(path: str | os.PathLike[str]) -> list[Document]:

@@ -68,29 +68,36 @@ class Task:
         )
 
 
-def save_jsonl(tasks: Iterable[Task], path: str | os.PathLike[str]) -> Path:
-    """Write tasks to ``path`` as JSON Lines, atomically (a temporary file renamed into place).
+def write_jsonl(lines: Iterable[str], path: str | os.PathLike[str]) -> Path:
+    """Write JSON lines to ``path`` atomically (a temporary file renamed into place); parents are created.
 
-    Parent directories are created. Returns the path written.
+    If producing a line fails, nothing is left behind and the error propagates.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            for task in tasks:
-                if not isinstance(task, Task):
-                    raise TaskError(f"save_jsonl got a {type(task).__name__}, not a Task; pass Task objects")
-                try:
-                    line = json.dumps(task.to_dict(), ensure_ascii=False)
-                except (TypeError, ValueError) as exc:
-                    raise TaskError(
-                        f"task {task.id!r} is not JSON-serialisable ({exc}); keep metadata to dicts, lists, "
-                        "strings and numbers"
-                    ) from None
+            for line in lines:
                 handle.write(line + "\n")
         os.replace(tmp_name, target)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
     return target
+
+
+def _task_line(task: Any) -> str:
+    if not isinstance(task, Task):
+        raise TaskError(f"save_jsonl got a {type(task).__name__}, not a Task; pass Task objects")
+    try:
+        return json.dumps(task.to_dict(), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise TaskError(
+            f"task {task.id!r} is not JSON-serialisable ({exc}); keep metadata to dicts, lists, strings and numbers"
+        ) from None
+
+
+def save_jsonl(tasks: Iterable[Task], path: str | os.PathLike[str]) -> Path:
+    """Write tasks to ``path`` as JSON Lines, atomically. Returns the path written."""
+    return write_jsonl((_task_line(t) for t in tasks), path)
