@@ -86,7 +86,8 @@ def rollout(
     Shows a progress bar; an interrupt (Ctrl-C, the notebook's stop button) cancels the rollout and
     stores the episodes that finished, the others marked ``cancelled``.
 
-    ``sampling`` overrides every role's sampling settings (e.g. ``{"temperature": 0.3}``).
+    ``sampling`` overrides every role's sampling settings (e.g. ``{"temperature": 0.3}``); ``seed`` is
+    recorded with the run (the demo and CLI also seed their task generators with it).
     """
     from workbench.store import RunStore
 
@@ -113,7 +114,7 @@ def rollout(
     try:
         store.set_status("running")
         started = time.perf_counter()
-        engine = Rollout(topology, engine_backend, max_tokens=max_tokens, seed=seed)
+        engine = Rollout(topology, engine_backend, max_tokens=max_tokens)
         with tqdm(total=len(tasks) * group_size, desc=f"{topology.name} rollout", unit="episode") as bar:
             episodes = run_sync(
                 lambda: engine.run(tasks, group_size=group_size, progress=lambda _: bar.update()),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -39,6 +39,3 @@ class EpisodeRecord:
     error: str | None = None
     variables: dict[str, Any] = field(default_factory=dict)
     calls: list[CallRecord] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)

@@ -56,7 +56,6 @@ class Rollout:
         topology: Topology,
         backends: dict[str, Backend] | Backend,
         max_tokens: int | None = None,
-        seed: int = 0,
         tools: dict[str, Any] | None = None,
     ):
         self.topology = topology
@@ -78,7 +77,6 @@ class Rollout:
                     )
                 add(name, policy.adapter)
         self.max_tokens = max_tokens
-        self.seed = seed
         self._templates = {
             (name, i): template(m.content)
             for name, role in topology.roles.items()
