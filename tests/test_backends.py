@@ -9,7 +9,6 @@ pass of prompt + completion. One engine (and one server) serves the whole module
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import socket
 import subprocess
@@ -22,8 +21,6 @@ import pytest
 from workbench.backends import Backend, BackendError, make_backend
 from workbench.backends.base import GenerationRequest, cut_at_stop
 
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
-needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
 MAX_MODEL_LEN = 512
 
 
@@ -153,8 +150,8 @@ def stop_server(proc: subprocess.Popen) -> None:
     scope="module",
     params=[
         "hf",
-        pytest.param("vllm", marks=[pytest.mark.slow, needs_vllm]),
-        pytest.param("openai", marks=[pytest.mark.slow, needs_vllm]),
+        pytest.param("vllm", marks=pytest.mark.slow),
+        pytest.param("openai", marks=pytest.mark.slow),
     ],
 )
 def backend(request, tiny_model_path: Path, tmp_path_factory):
