@@ -258,3 +258,30 @@ def test_marsrl_inference_accepts_after_four_passes_or_falls_back(tokenizer, ver
     else:
         assert episode.variables["rounds"] == 11 and episode.variables["streak"] < 4
         assert episode.variables["passes"][0] == 1 and max(episode.variables["passes"]) == 3
+
+
+def test_hira_keeps_a_fact_two_experts_report_once_in_memory(tokenizer, task):
+    fact = f"the answer is {task.answer} [Source: kb]"
+
+    def script(prompt: str) -> str:
+        if "agent selection system" in prompt:
+            return '{"reason": "facts", "selected_agent_name": "Search-Agent"}'
+        if "Summarization Agent" in prompt:
+            conclusion = {"reasoning_process": "searched", "final_conclusion": task.answer}
+            return json.dumps(
+                {"conclusion": conclusion, "memory": {"fact_memory": [fact], "resource_memory": {}}}
+            )
+        if "Solve the task by searching" in prompt:
+            return f"Found it. \\boxed{{{task.answer}}}"
+        results = prompt.count("<|begin_subtask_result|>") - 1  # one is in the instructions
+        if results < 2:  # two different subtasks, whose experts report the same fact
+            return f"Plan.<|begin_call_subtask|>subtask {results}<|end_call_subtask|>"
+        return f"So the answer is \\boxed{{{task.answer}}}."
+
+    episode = asyncio.run(Rollout(wb.load_topology("hira"), ScriptedBackend(tokenizer, script)).episode(task))
+    assert episode.status == "complete", episode.error
+    memory = episode.variables["memory"]
+    assert memory.count(fact) == 1
+    assert [m for m in memory if m.startswith("Result for")] == [
+        f"Result for subtask {i}: {task.answer}" for i in range(2)
+    ]

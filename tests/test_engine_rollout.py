@@ -47,13 +47,16 @@ def test_rollout_records_every_call_and_survives_malformed_outputs(tiny_backend,
     for episode in result.episodes:
         assert episode.status in {"complete", "call_limit"}, episode.error
         roles = [c.role for c in episode.calls]
-        assert roles[:2] == ["solver", "verifier1"]
+        # grouped rollout (G = 2): both Solver samples are judged twice each
+        assert roles[:3] == ["solver", "verifier1", "verifier1"]
         # a random model never writes a verdict: it reads as not-correct and the Corrector runs
         verifier = episode.calls[1]
-        assert verifier.format_error is not None and roles[2] == "corrector1"
+        assert verifier.format_error is not None
         for call in episode.calls:
             assert len(call.logprobs) == len(call.completion_ids) <= 8
             assert all(lp <= 0 for lp in call.logprobs)
+    # ... so, per task, Corrector1 samples twice on each of the 2 flagged reports it picks
+    assert sum(c.role == "corrector1" for e in result.episodes for c in e.calls) == 2 * 4
     solver = result.episodes[0].calls[0]
     expected = tiny_backend.tokenizer.apply_chat_template(
         [{"role": "user", "content": tasks[0].question}], add_generation_prompt=True, tokenize=True

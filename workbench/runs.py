@@ -16,7 +16,6 @@ from tqdm.auto import tqdm
 from workbench.backends import Backend, make_backend
 from workbench.engine import EpisodeRecord, Rollout
 from workbench.engine.runner import run_sync
-from workbench.rewards import verify
 from workbench.tasks import Task
 from workbench.topology import Topology, load, to_dict
 
@@ -121,7 +120,7 @@ def rollout(
                 on_interrupt=engine.cancel,
             )
         by_id = {t.id: t for t in tasks}
-        rewards = [verify(by_id[e.task_id].verifier, e.answer, by_id[e.task_id].answer) for e in episodes]
+        rewards = [e.reward or 0.0 for e in episodes]
         seconds = time.perf_counter() - started
         metrics = write_step(store, 0, topology, episodes, rewards, by_id, seconds)
         store.set_status("finished")
@@ -184,6 +183,8 @@ def write_step(
                     episode_id,
                     role=call.role,
                     parent_id=call_ids[call.parent] if call.parent is not None else None,
+                    source_id=call_ids.get(call.source) if call.source is not None else None,
+                    rewards=call.rewards or None,
                     position=call.position,
                     policy=call.policy,
                     prompt_ids=call.prompt_ids,

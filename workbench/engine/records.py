@@ -21,12 +21,14 @@ class CallRecord:
     policy_version: int
     trainable: bool
     parent: int | None = None  # position of the parent call within the episode (nested agents)
+    source: int | None = None  # position of the call whose output this call consumed (provenance)
     parsed: Any = None
     format_error: str | None = None
     mask: list[int] | None = None  # TokenOwner code per completion token; None: all the role's own
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     tool_results: list[dict[str, Any]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    rewards: dict[str, float] = field(default_factory=dict)  # reward, accuracy, format (workbench.rewards)
 
 
 @dataclass
@@ -37,5 +39,6 @@ class EpisodeRecord:
     answer: str = ""
     status: str = "complete"  # complete | call_limit | error
     error: str | None = None
+    reward: float | None = None  # the outcome reward (the final answer checked), set by the engine
     variables: dict[str, Any] = field(default_factory=dict)
     calls: list[CallRecord] = field(default_factory=list)

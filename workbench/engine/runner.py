@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -22,10 +23,12 @@ from workbench.engine.mas_graph import substitute
 from workbench.engine.parsers import PARSERS, POSTPROCESS, FormatError
 from workbench.engine.protocols import Actions, ToolCall, make_protocol
 from workbench.engine.records import CallRecord, EpisodeRecord
+from workbench.engine.selectors import SELECTORS
 from workbench.engine.templating import evaluate as _evaluate
 from workbench.engine.templating import template
+from workbench.rewards.assign import assign, call_reward
 from workbench.store.codec import TokenOwner
-from workbench.topology.spec import END, AgentNode, CallNode, DagNode, Flow, MapNode, Role, Topology
+from workbench.topology.spec import END, AgentNode, DagNode, Flow, MapNode, Role, Topology
 
 if TYPE_CHECKING:
     from workbench.tasks import Task
@@ -46,6 +49,20 @@ class _Episode:
     def reserve(self) -> int:
         self.next_position += 1
         return self.next_position - 1
+
+
+@dataclass
+class _Branch:
+    """One line of a grouped rollout: its variables, its episode, and the output it carries forward."""
+
+    variables: dict[str, Any]
+    state: _Episode
+    source: int | None = None  # position of the call whose output this branch carries
+    reward: float | None = None  # that call's reward, which selectors read
+    calls: int = 0
+
+    def fork(self) -> _Branch:
+        return _Branch(dict(self.variables), self.state, self.source, self.reward, self.calls)
 
 
 class Rollout:
@@ -113,7 +130,79 @@ class Rollout:
             record.error = f"{type(error).__name__}: {error}"
         record.variables = {k: v for k, v in variables.items() if k != "task"}
         record.calls.sort(key=lambda c: c.position)
+        record.reward = assign(self.topology, record, task)
         return record
+
+    async def grouped(self, task: Task, group_size: int) -> list[EpisodeRecord]:
+        """MarsRL's grouped agentic rollout of one task: ``group_size`` episodes that fan out as they go.
+
+        The start node is sampled ``group_size`` times (one episode each). Where a node has ``select``,
+        the outputs of all branches arriving there are pooled, ``k`` are chosen by the strategy from
+        their rewards (scored as soon as each call finishes), and each is sampled again ``samples``
+        times; so every group shares one input. Calls descending from an episode's first call stay in
+        that episode, each with its ``source``. An episode's answer is the flow's answer over its
+        first call's variables (the Solver's solution).
+        """
+        base = {**self.topology.params, "question": task.question, "task": task.to_dict()}
+        states = [_Episode(EpisodeRecord(task_id=task.id, group=task.id, sample=i)) for i in range(group_size)]
+        rng = random.Random(f"{task.id}")
+        flow = self.topology.flow
+        frontier = {flow.start: [_Branch(dict(base), s) for s in states]}
+        first = True
+        while frontier:
+            jobs: list[tuple[str, _Branch]] = []
+            for node_name, branches in frontier.items():
+                select = getattr(flow.nodes[node_name], "select", None)
+                if select is not None and not first:
+                    chosen = SELECTORS[select.strategy](
+                        branches, [b.reward for b in branches], select.k, select.prefer, rng
+                    )
+                    n = select.samples or group_size
+                    branches = [b.fork() for b in chosen for _ in range(n)]
+                jobs += [(node_name, b) for b in branches]
+            results = await asyncio.gather(*(self._advance(flow, name, b, task) for name, b in jobs))
+            frontier = {}
+            for (_, branch), goto in zip(jobs, results, strict=True):
+                if first:
+                    template = self._answers[id(flow)]
+                    record = branch.state.record
+                    record.answer = template.render(branch.variables).strip() if template is not None else ""
+                    record.variables = {k: v for k, v in branch.variables.items() if k != "task"}
+                if goto is not None and goto != END:
+                    frontier.setdefault(goto, []).append(branch)
+            first = False
+        records = []
+        for state in states:
+            state.record.calls.sort(key=lambda c: c.position)
+            state.record.reward = assign(self.topology, state.record, task)
+            records.append(state.record)
+        return records
+
+    async def _advance(self, flow: Flow, node_name: str, branch: _Branch, task: Task) -> str | None:
+        """Run one node on one branch; returns the node to go to next, or None when the branch ends."""
+        record = branch.state.record
+        if branch.calls >= flow.max_calls:
+            record.status = "call_limit"
+            return None
+        node = flow.nodes[node_name]
+        branch.calls += 1
+        try:
+            output = await self._run_node(node_name, node, branch.variables, branch.state, None, branch.source)
+        except _Cancelled:
+            record.status = "cancelled"
+            return None
+        except Exception as error:  # noqa: BLE001 - one broken branch must not stop the others
+            record.status, record.error = "error", f"{type(error).__name__}: {error}"
+            return None
+        position = output.get("position")
+        if position is not None:
+            call = next(c for c in record.calls if c.position == position)
+            source = next((c for c in record.calls if c.position == branch.source), None)
+            call.rewards = call_reward(self.topology.roles[call.role].reward, call, source, task) or {}
+            branch.reward = call.rewards.get("reward")
+            branch.source = position
+        self._bind(node, output, branch.variables)
+        return self._next(node, branch.variables)
 
     async def run(
         self,
@@ -132,42 +221,64 @@ class Rollout:
                 progress(record)
             return record
 
+        if self.grouped_mode:
+
+            async def group(task: Task) -> list[EpisodeRecord]:
+                records = await self.grouped(task, group_size)
+                for record in records:
+                    if progress is not None:
+                        progress(record)
+                return records
+
+            groups = await asyncio.gather(*(group(t) for t in tasks))
+            return [record for records in groups for record in records]
         return list(await asyncio.gather(*(one(t, s) for t in tasks for s in range(group_size))))
+
+    @property
+    def grouped_mode(self) -> bool:
+        """Whether the main flow fans out with ``select`` (MarsRL grouped agentic rollouts)."""
+        return any(getattr(n, "select", None) is not None for n in self.topology.flow.nodes.values())
 
     async def _walk(
         self, flow: Flow, variables: dict[str, Any], state: _Episode, parent: int | None
     ) -> tuple[str, str]:
         """Walk ``flow`` from its start; returns its rendered answer and how it ended."""
-        node_name, calls, status = flow.start, 0, "complete"
+        node_name, calls, status, source = flow.start, 0, "complete", None
         while node_name != END:
             if calls >= flow.max_calls:
                 status = "call_limit"
                 break
             node = flow.nodes[node_name]
             calls += 1
-            if isinstance(node, AgentNode):
-                output = await self._agent(node_name, node, variables, state, parent)
-            elif isinstance(node, MapNode):
-                output = await self._map(node_name, node, variables, state, parent)
-            elif isinstance(node, DagNode):
-                output = await self._dag(node, variables, state, parent)
-            else:
-                output = await self._single(node_name, node, variables, state, parent)
-            for var, expr in getattr(node, "bind", {}).items():
-                variables[var] = _evaluate(expr, {**variables, **output})
-            node_name = next(
-                (b.goto for b in node.next if b.when is None or _evaluate(b.when, variables)), END
-            )
+            output = await self._run_node(node_name, node, variables, state, parent, source)
+            source = output.get("position", source)
+            self._bind(node, output, variables)
+            node_name = self._next(node, variables)
         template = self._answers[id(flow)]
         return (template.render(variables).strip() if template is not None else ""), status
 
-    # ------------------------------------------------------------------ node kinds
-
-    async def _single(
-        self, node_name: str, node: CallNode, variables: dict, state: _Episode, parent: int | None
+    async def _run_node(
+        self, node_name: str, node: Any, variables: dict, state: _Episode, parent: int | None, source: int | None
     ) -> dict[str, Any]:
-        call = await self._call(node_name, node.call, variables, state, parent)
+        if isinstance(node, AgentNode):
+            return await self._agent(node_name, node, variables, state, parent, source)
+        if isinstance(node, MapNode):
+            return await self._map(node_name, node, variables, state, parent)
+        if isinstance(node, DagNode):
+            return await self._dag(node, variables, state, parent)
+        call = await self._call(node_name, node.call, variables, state, parent, source)
         return _output(call)
+
+    @staticmethod
+    def _bind(node: Any, output: dict[str, Any], variables: dict[str, Any]) -> None:
+        for var, expr in getattr(node, "bind", {}).items():
+            variables[var] = _evaluate(expr, {**variables, **output})
+
+    @staticmethod
+    def _next(node: Any, variables: dict[str, Any]) -> str:
+        return next((b.goto for b in node.next if b.when is None or _evaluate(b.when, variables)), END)
+
+    # ------------------------------------------------------------------ node kinds
 
     async def _map(
         self, node_name: str, node: MapNode, variables: dict, state: _Episode, parent: int | None
@@ -219,7 +330,13 @@ class Rollout:
         return {"text": variables[node.into], "parsed": {"results": results, "sink": sink}}
 
     async def _call(
-        self, node: str, role_name: str, variables: dict, state: _Episode, parent: int | None
+        self,
+        node: str,
+        role_name: str,
+        variables: dict,
+        state: _Episode,
+        parent: int | None,
+        source: int | None = None,
     ) -> CallRecord:
         """One generation of a role from its templated prompt."""
         role = self.topology.roles[role_name]
@@ -230,29 +347,62 @@ class Rollout:
         generation = await self._generate(role, backend, conversation.ids, ())
         text = _postprocess(role, generation.text)
         parsed, format_error = _parse(role, text)
+        conversation.add_generation(generation, text)
+        return self._record(
+            state,
+            role_name,
+            node,
+            position,
+            conversation,
+            text,
+            generation,
+            parent=parent,
+            source=source,
+            parsed=parsed,
+            format_error=format_error,
+            mask=None,
+            timings={"queued": queued, "finished": time.time(), **generation.timings},
+        )
+
+    def _record(
+        self,
+        state: _Episode,
+        role_name: str,
+        node: str,
+        position: int,
+        conversation: Conversation,
+        text: str,
+        generation: Generation | None,
+        **fields: Any,
+    ) -> CallRecord:
+        """Build a call's record from its conversation and add it to the episode."""
+        role = self.topology.roles[role_name]
         call = CallRecord(
             role=role_name,
             node=node,
             position=position,
             prompt_ids=conversation.prompt_ids,
-            completion_ids=generation.completion_ids,
-            logprobs=generation.logprobs,
-            prompt_text=backend.tokenizer.decode(conversation.prompt_ids),
+            completion_ids=conversation.completion_ids,
+            logprobs=conversation.logprobs,
+            prompt_text=self.backends[role.policy].tokenizer.decode(conversation.prompt_ids),
             completion_text=text,
-            finish_reason=generation.finish_reason,
+            finish_reason=fields.pop("finish_reason", generation.finish_reason if generation else "stop"),
             policy=role.policy,
-            policy_version=generation.policy_version,
+            policy_version=generation.policy_version if generation else 0,
             trainable=role.trainable,
-            parent=parent,
-            parsed=parsed,
-            format_error=format_error,
-            timings={"queued": queued, "finished": time.time(), **generation.timings},
+            **fields,
         )
         state.record.calls.append(call)
         return call
 
     async def _agent(
-        self, node_name: str, node: AgentNode, variables: dict, state: _Episode, parent: int | None
+        self,
+        node_name: str,
+        node: AgentNode,
+        variables: dict,
+        state: _Episode,
+        parent: int | None,
+        source: int | None = None,
     ) -> dict:
         """The multi-turn loop: generate, run the tool calls, insert results, until an answer or the turn limit."""
         role = self.topology.roles[node.agent]
@@ -316,20 +466,17 @@ class Rollout:
             "turns": len(conversation.turn_texts),
             "tool_calls": len(tool_calls),
         }
-        record = CallRecord(
-            role=node.agent,
-            node=node_name,
-            position=position,
-            prompt_ids=conversation.prompt_ids,
-            completion_ids=conversation.completion_ids,
-            logprobs=conversation.logprobs,
-            prompt_text=backend.tokenizer.decode(conversation.prompt_ids),
-            completion_text=text,
+        record = self._record(
+            state,
+            node.agent,
+            node_name,
+            position,
+            conversation,
+            text,
+            generation,
             finish_reason=finish,
-            policy=role.policy,
-            policy_version=generation.policy_version if generation else 0,
-            trainable=role.trainable,
             parent=parent,
+            source=source,
             parsed=parsed,
             format_error="; ".join(format_errors) or None,
             mask=conversation.mask,
@@ -337,8 +484,8 @@ class Rollout:
             tool_results=tool_results,
             timings={"queued": queued, "finished": time.time()},
         )
-        state.record.calls.append(record)
         return {
+            "position": position,
             "text": text,
             "parsed": parsed,
             "raw": conversation.decoded(),
@@ -382,7 +529,8 @@ class Rollout:
                 "question": variables.get("question"),
                 "task": variables.get("task"),
             }
-            inputs = {var: _evaluate(expr, scope) for var, expr in spec.inputs.items()}
+            # inputs read the caller's variables (e.g. HiRA's memory so far); the subflow sees only them
+            inputs = {var: _evaluate(expr, {**variables, **scope}) for var, expr in spec.inputs.items()}
             sub_variables = {**scope, **inputs}
             answer, status = await self._walk(sub, sub_variables, state, parent=parent)
             for var, expr in spec.outputs.items():
@@ -490,6 +638,7 @@ class Rollout:
 
 def _output(call: CallRecord) -> dict[str, Any]:
     return {
+        "position": call.position,
         "text": call.completion_text,
         "parsed": call.parsed,
         "raw": call.completion_text,

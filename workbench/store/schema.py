@@ -104,8 +104,13 @@ def _v1_baseline(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def _v2_call_source(conn: sqlite3.Connection) -> None:
+    """Provenance: the call whose output a call consumed (a Verifier's judged solution)."""
+    conn.execute("ALTER TABLE calls ADD COLUMN source_id INTEGER REFERENCES calls(id)")
+
+
 #: Ordered migrations: MIGRATIONS[n] upgrades version n to n + 1.
-MIGRATIONS: list[Migration] = [_v1_baseline]
+MIGRATIONS: list[Migration] = [_v1_baseline, _v2_call_source]
 
 #: The version this code writes (the length of MIGRATIONS at import time).
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -40,7 +40,7 @@ _UNSET: Any = object()
 CALL_COLUMNS = (
     "id", "step", "episode_id", "parent_id", "role", "policy", "position", "policy_version", "n_prompt",
     "n_completion", "advantage", "rewards", "timings", "format_error", "action", "tool_calls", "tool_results",
-    "prompt_text", "completion_text", "prompt_ids", "completion_ids", "logprobs", "mask", "token_advantages",
+    "prompt_text", "completion_text", "prompt_ids", "completion_ids", "logprobs", "mask", "token_advantages", "source_id",
 )  # fmt: skip
 _INSERT_CALL = f"INSERT INTO calls ({', '.join(CALL_COLUMNS)}) VALUES ({', '.join('?' * len(CALL_COLUMNS))})"
 
@@ -300,6 +300,7 @@ class StepWriter:
         policy_version: int | None = None,
         timings: Mapping[str, Any] | None = None,
         format_error: str | None = None,
+        source_id: int | None = None,
     ) -> int:
         """Add one call (one model generation) to an episode of this step; returns its id.
 
@@ -307,7 +308,7 @@ class StepWriter:
         `logprobs`, `mask` (TokenOwner codes) and `token_advantages` need one entry per completion
         token. `position` (order within the episode) defaults to the next free one; `policy_version`
         to the step's. `action`, `tool_calls`, `tool_results` and `timings` are JSON; `rewards` maps
-        reward names to numbers.
+        reward names to numbers. `source_id` is the call whose output this one consumed (provenance).
         """
         args = dict(locals())
         del args["self"]
@@ -381,6 +382,7 @@ class StepWriter:
         policy_version: int | None = None,
         timings: Mapping[str, Any] | None = None,
         format_error: str | None = None,
+        source_id: int | None = None,
     ) -> tuple:
         next_position = self._episodes.get(episode_id)
         if next_position is None:
@@ -423,6 +425,7 @@ class StepWriter:
             logp,
             owners,
             token_adv,
+            _opt_int(source_id, "source_id"),
         )
         # Everything is valid: only now take a position and an id.
         position = next_position if position is None else _opt_int(position, "position")

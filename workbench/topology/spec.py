@@ -34,6 +34,28 @@ class Message(_Spec):
     content: str
 
 
+class RewardRule(_Spec):
+    """How a role's calls are rewarded and grouped for advantages: the role's training rule."""
+
+    kind: Literal["outcome", "answer", "verdict", "parent", "none"] = Field(
+        "outcome",
+        description=(
+            "outcome: the episode's final answer checked against the reference, broadcast to this role (MARS); "
+            "answer: this call's own answer checked (MarsRL Solver, Corrector); verdict: 1 when this call's "
+            "verdict equals the true correctness of the solution it judged (MarsRL Verifier); parent: the "
+            "reward and advantage of the call that invoked it (MATPO workers); none: no reward, never trained."
+        ),
+    )
+    verifier: str | None = Field(None, description="Verifier name; None uses the task's own verifier.")
+    format_weight: float = Field(
+        0.0, ge=0.0, le=1.0, description="Reward = (1 - w) * accuracy + w * format validity (MATPO: 0.1)."
+    )
+    group_by: Literal["task", "input"] = Field(
+        "task",
+        description="Advantage groups: per task and role, or per role and input (the call it consumed; MarsRL).",
+    )
+
+
 class Role(_Spec):
     """An agent: its prompt, the policy that plays it, how it samples and how its output is read."""
 
@@ -50,6 +72,7 @@ class Role(_Spec):
         "chat", description="chat: turns go through the chat template; raw: text is appended (HiRA planner)."
     )
     stop: list[str] = Field(default_factory=list, description="Extra stop strings for this role.")
+    reward: RewardRule = Field(default_factory=RewardRule, description="How this role is rewarded.")
 
 
 class Route(_Spec):
@@ -87,6 +110,32 @@ class Branch(_Spec):
     when: str | None = None
 
 
+class Select(_Spec):
+    """Grouped agentic rollout (MarsRL): pick k upstream outputs, then sample a group for each.
+
+    Applies where a node is reached by many branches of one task (rollouts run with a group size):
+    of the upstream outputs arriving here, ``k`` are chosen by ``strategy`` and each is sampled
+    ``samples`` times, so every group shares one input. Branches that arrive here but are not
+    chosen stop; a node no branch reaches (say, no Verifier flagged an error) ends the task early.
+    """
+
+    k: int = Field(2, ge=1, description="Upstream outputs to carry forward per task.")
+    samples: int | None = Field(
+        None, ge=1, description="Samples per chosen input; None: the run's group size."
+    )
+    strategy: Literal["random", "balanced", "adaptive"] = Field(
+        "adaptive",
+        description=(
+            "random: uniform; balanced: as many upstream rewards 1 as 0; adaptive: prefer upstream outputs "
+            "whose reward equals `prefer`, then fill with the others."
+        ),
+    )
+    prefer: Literal[0, 1] = Field(
+        0,
+        description="For adaptive: the upstream reward preferred (Verifier: 0, wrong solutions; Corrector: 1).",
+    )
+
+
 class CallNode(_Spec):
     """Call a role, bind variables from its output, then follow the first branch that matches."""
 
@@ -96,6 +145,9 @@ class CallNode(_Spec):
         description="Variables to set from the output: name -> expression over text, parsed, raw.",
     )
     next: list[Branch] = Field(default_factory=lambda: [Branch(goto=END)])
+    select: Select | None = Field(
+        None, description="Grouped rollout: fan out over k chosen upstream outputs."
+    )
 
 
 class AgentNode(_Spec):
@@ -127,6 +179,9 @@ class AgentNode(_Spec):
     )
     bind: dict[str, str] = Field(default_factory=dict)
     next: list[Branch] = Field(default_factory=lambda: [Branch(goto=END)])
+    select: Select | None = Field(
+        None, description="Grouped rollout: fan out over k chosen upstream outputs."
+    )
 
 
 class MapNode(_Spec):

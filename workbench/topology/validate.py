@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from workbench.engine.parsers import PARSERS, POSTPROCESS
 from workbench.engine.templating import templates
-from workbench.topology.spec import END, AgentNode, CallNode, DagNode, Flow, MapNode, Topology
+from workbench.topology.spec import END, AgentNode, CallNode, DagNode, Flow, MapNode, Role, Topology
 
 # Variables every episode starts with; inside a routed or agent tool, its call's ``arguments`` too.
 EPISODE_VARIABLES = frozenset({"question", "task", "arguments"})
@@ -113,6 +113,7 @@ def check(topology: Topology) -> list[Problem]:
                 )
         if not role.messages:
             problems.append(Problem(f"{base}.messages", "a role needs at least one message"))
+        problems += _check_reward(base, role)
 
     for name, tool in topology.tools.items():
         base = f"tools.{name}"
@@ -145,6 +146,23 @@ def check(topology: Topology) -> list[Problem]:
     return problems
 
 
+def _check_reward(base: str, role: Role) -> list[Problem]:
+    from workbench.rewards import VERIFIERS
+
+    rule, out = role.reward, []
+    if rule.verifier is not None and rule.verifier not in VERIFIERS:
+        known = ", ".join(sorted(VERIFIERS))
+        out.append(Problem(f"{base}.reward.verifier", f"unknown verifier '{rule.verifier}'; known: {known}"))
+    if rule.kind == "verdict" and role.parser != "verdict":
+        out.append(
+            Problem(
+                f"{base}.reward.kind",
+                "a verdict reward reads the verdict parser's output; set parser: verdict",
+            )
+        )
+    return out
+
+
 def _tool_kinds() -> list[str]:
     try:
         from workbench.tools import TOOL_KINDS
@@ -166,6 +184,14 @@ def _check_flow(
         if name == END:
             problems.append(Problem(base, f"'{END}' is reserved for the end of an episode; rename the node"))
         role_field, role_name = _role_of(node)
+        if getattr(node, "select", None) is not None and (where != "flow" or name == flow.start):
+            problems.append(
+                Problem(
+                    f"{base}.select",
+                    "select fans out over upstream outputs of the main flow; "
+                    "it cannot be on a subflow or on the start node",
+                )
+            )
         if isinstance(node, DagNode):
             _variables(node.dag, f"{base}.dag", problems, expression=True)
             for agent, subflow in node.agents.items():
