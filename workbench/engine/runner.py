@@ -144,7 +144,9 @@ class Rollout:
         first call's variables (the Solver's solution).
         """
         base = {**self.topology.params, "question": task.question, "task": task.to_dict()}
-        states = [_Episode(EpisodeRecord(task_id=task.id, group=task.id, sample=i)) for i in range(group_size)]
+        states = [
+            _Episode(EpisodeRecord(task_id=task.id, group=task.id, sample=i)) for i in range(group_size)
+        ]
         rng = random.Random(f"{task.id}")
         flow = self.topology.flow
         frontier = {flow.start: [_Branch(dict(base), s) for s in states]}
@@ -187,7 +189,9 @@ class Rollout:
         node = flow.nodes[node_name]
         branch.calls += 1
         try:
-            output = await self._run_node(node_name, node, branch.variables, branch.state, None, branch.source)
+            output = await self._run_node(
+                node_name, node, branch.variables, branch.state, None, branch.source
+            )
         except _Cancelled:
             record.status = "cancelled"
             return None
@@ -258,7 +262,13 @@ class Rollout:
         return (template.render(variables).strip() if template is not None else ""), status
 
     async def _run_node(
-        self, node_name: str, node: Any, variables: dict, state: _Episode, parent: int | None, source: int | None
+        self,
+        node_name: str,
+        node: Any,
+        variables: dict,
+        state: _Episode,
+        parent: int | None,
+        source: int | None,
     ) -> dict[str, Any]:
         if isinstance(node, AgentNode):
             return await self._agent(node_name, node, variables, state, parent, source)

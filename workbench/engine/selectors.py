@@ -23,7 +23,9 @@ T = TypeVar("T")
 Selector = Callable[[Sequence[T], Sequence[float | None], int, int, random.Random], list[T]]
 
 
-def select_random(items: Sequence[T], rewards: Sequence[float | None], k: int, prefer: int, rng: random.Random) -> list[T]:
+def select_random(
+    items: Sequence[T], rewards: Sequence[float | None], k: int, prefer: int, rng: random.Random
+) -> list[T]:
     return rng.sample(list(items), min(k, len(items)))
 
 
