@@ -5,6 +5,7 @@
     topology = wb.load_topology("marsrl")
     tasks = wb.generate_tasks("arithmetic", n=8, seed=0)
     result = wb.rollout(topology, tasks, model="smollm2-135m")
+    run = wb.train("marsrl", config=wb.TrainConfig(steps=20))   # returns at once; run.wait()
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ _LAZY = {
     "Task": ("workbench.tasks", "Task"),
     "resolve_model": ("workbench.models", "resolve"),
     "rollout": ("workbench.runs", "rollout"),
+    "train": ("workbench.training", "train"),
+    "resume": ("workbench.training", "resume"),
+    "TrainConfig": ("workbench.rl.config", "TrainConfig"),
     "RunReader": ("workbench.store", "RunReader"),
     "list_runs": ("workbench.store", "list_runs"),
 }

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -99,6 +100,35 @@ def _demo(args: argparse.Namespace) -> int:
     return main(model=args.model, n_tasks=args.n, max_tokens=args.max_tokens, runs_dir=args.runs_dir)
 
 
+def _train(args: argparse.Namespace) -> int:
+    import yaml
+
+    from workbench.rl.config import TrainConfig
+    from workbench.training import CONFIG_FILE, create, run_here
+
+    if args.help_config:
+        print(TrainConfig.help())
+        return 0
+    overrides = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item!r}: write FIELD=VALUE")
+        overrides[key.strip()] = yaml.safe_load(value)
+    if args.resume:
+        run_dir = Path(args.resume)
+        if overrides:
+            merged = {**TrainConfig.from_yaml(run_dir / CONFIG_FILE).to_dict(), **overrides}
+            (run_dir / CONFIG_FILE).write_text(TrainConfig.from_dict(merged).to_yaml())
+    else:
+        base = TrainConfig.from_yaml(args.config).to_dict() if args.config else {}
+        run_dir = create(TrainConfig.from_dict({**base, **overrides}))
+    print(f"training in {run_dir} (stop with Ctrl-C or by creating {run_dir / 'STOP'})", flush=True)
+    status = run_here(run_dir)
+    print(f"run {status}: {run_dir}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workbench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -133,6 +163,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", default="runs")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_rollout)
+
+    p = sub.add_parser("train", help="train a topology (GRPO) from a config file, or resume a run")
+    p.add_argument("config", nargs="?", help="training config YAML (see `workbench train --help-config`)")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="FIELD=VALUE", help="override a config field"
+    )
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its newest checkpoint")
+    p.add_argument("--help-config", action="store_true", help="list every config field with its help")
+    p.set_defaults(func=_train)
 
     p = sub.add_parser("runs", help="list the runs in a directory")
     p.add_argument("runs_dir", nargs="?", default="runs")

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from workbench.backends import Backend, make_backend
 from workbench.engine import EpisodeRecord, Rollout
 from workbench.engine.runner import run_sync
+from workbench.rl.metrics import rollout_metrics
 from workbench.tasks import Task
 from workbench.topology import Topology, load, to_dict
 
@@ -122,7 +123,9 @@ def rollout(
         by_id = {t.id: t for t in tasks}
         rewards = [e.reward or 0.0 for e in episodes]
         seconds = time.perf_counter() - started
-        metrics = write_step(store, 0, topology, episodes, rewards, by_id, seconds)
+        metrics, role_metrics = rollout_metrics(episodes)
+        metrics["time/rollout_s"] = seconds
+        write_step(store, 0, episodes, by_id, metrics, role_metrics)
         store.set_status("finished")
     except BaseException:
         store.set_status("failed")
@@ -146,29 +149,27 @@ def with_sampling(topology: Topology, **overrides: Any) -> Topology:
 def write_step(
     store: Any,
     index: int,
-    topology: Topology,
     episodes: list[EpisodeRecord],
-    rewards: list[float],
     tasks: dict[str, Task],
-    seconds: float,
-) -> dict[str, float]:
-    """Store one step's episodes and calls with its per-role metrics; returns the step metrics."""
+    metrics: dict[str, float],
+    role_metrics: dict[str, dict[str, float]],
+    *,
+    policy_version: int = 0,
+    advantages: dict[tuple[int, int], float] | None = None,
+) -> None:
+    """Store one step: its episodes, their calls (rewards, advantages keyed by (episode index, position),
+    source links) and the step's metrics, global and per role."""
     from workbench.store import TokenOwner
 
-    metrics: dict[str, float] = {
-        "reward/mean": sum(rewards) / len(rewards),
-        "episodes": float(len(episodes)),
-        "time/rollout_s": seconds,
-    }
-    per_role: dict[str, dict[str, list[float]]] = {}
-    with store.step(index, policy_version=0) as step:
-        for episode, reward in zip(episodes, rewards, strict=True):
+    advantages = advantages or {}
+    with store.step(index, policy_version=policy_version) as step:
+        for e_index, episode in enumerate(episodes):
             task = tasks[episode.task_id]
             episode_id = step.add_episode(
                 task_id=episode.task_id,
                 group_key=episode.group,
                 task_meta={**task.metadata, "answer": task.answer, "sample": episode.sample},
-                reward=reward,
+                reward=episode.reward or 0.0,
                 status=episode.status,
                 error=episode.error,
             )
@@ -185,6 +186,7 @@ def write_step(
                     parent_id=call_ids[call.parent] if call.parent is not None else None,
                     source_id=call_ids.get(call.source) if call.source is not None else None,
                     rewards=call.rewards or None,
+                    advantage=advantages.get((e_index, call.position)),
                     position=call.position,
                     policy=call.policy,
                     prompt_ids=call.prompt_ids,
@@ -200,19 +202,6 @@ def write_step(
                     timings={**call.timings, "finish_reason": call.finish_reason},
                     format_error=call.format_error,
                 )
-                stats = per_role.setdefault(call.role, {"tokens": [], "format_failure": [], "truncated": []})
-                stats["tokens"].append(len(call.completion_ids))
-                stats["format_failure"].append(float(call.format_error is not None))
-                stats["truncated"].append(float(call.finish_reason == "length"))
         step.log_metrics(metrics)
-        for role, stats in per_role.items():
-            step.log_metrics(
-                {
-                    "calls": float(len(stats["tokens"])),
-                    "completion_tokens/mean": sum(stats["tokens"]) / len(stats["tokens"]),
-                    "format_failure/rate": sum(stats["format_failure"]) / len(stats["tokens"]),
-                    "truncated/rate": sum(stats["truncated"]) / len(stats["tokens"]),
-                },
-                role=role,
-            )
-    return metrics
+        for role, values in role_metrics.items():
+            step.log_metrics(values, role=role)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+import signal
 import string
+import threading
 from collections import Counter
 from collections.abc import Callable
 from fractions import Fraction
@@ -135,3 +137,45 @@ def _final_answer_text(prediction: str) -> str:
         return boxed
     m = re.findall(r"<answer>(.*?)</answer>", prediction, flags=re.S)
     return m[-1] if m else prediction
+
+
+MATH_VERIFY_TIMEOUT_S = 5
+
+
+def _math_verify_timeout() -> int | None:
+    """math_verify times out with SIGALRM: only in the main thread, and only when no alarm is pending.
+
+    Off the main thread, or beside another alarm (pytest-timeout's), it runs without a time limit.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if signal.getitimer(signal.ITIMER_REAL)[0] > 0:
+        return None
+    return MATH_VERIFY_TIMEOUT_S
+
+
+def _parse_gold(gold: str, timeout: int | None) -> list:
+    """A bare reference (``0.5``, ``2\\sqrt{2}``, ``[0,1)``) is read as LaTeX math; a delimited one as is."""
+    from math_verify import parse
+
+    if "$" in gold or "\\boxed" in gold or "\\(" in gold or "\\[" in gold:
+        return parse(gold, parsing_timeout=timeout)
+    return parse(f"${gold}$", parsing_timeout=timeout) or parse(gold, parsing_timeout=timeout)
+
+
+@register("math_verify")
+def math_verify_equal(prediction: str, reference: str) -> float:
+    """Hugging Face Math-Verify: the prediction's answer (``\\boxed{}`` first) is symbolically equivalent
+    to the reference. Never raises: an unparsable answer, a parse error or a timeout scores 0.0."""
+    from math_verify import parse, verify
+    from math_verify.errors import TimeoutException
+
+    timeout = _math_verify_timeout()
+    try:
+        gold = _parse_gold(reference.strip(), timeout)
+        answer = parse(prediction, parsing_timeout=timeout)
+        if not gold or not answer:
+            return 0.0
+        return float(verify(gold, answer, timeout_seconds=timeout))
+    except (Exception, TimeoutException):  # noqa: BLE001 - a verifier scores, it never fails
+        return 0.0

@@ -282,6 +282,25 @@ class RunStore:
         with self._mutex, sqlite_errors(self._paths.db):
             return self._conn.execute("SELECT max(step) FROM steps WHERE status = 'complete'").fetchone()[0]
 
+    def discard_steps_after(self, step: int | None) -> list[int]:
+        """Delete every step after ``step`` (all steps if None): what a resumed run redoes from its checkpoint.
+
+        Logged as a ``steps_discarded`` event; returns the discarded indices.
+        """
+        self._check_open()
+        with self._mutex, sqlite_errors(self._paths.db):
+            floor = -1 if step is None else int(step)
+            rows = self._conn.execute(
+                "SELECT step FROM steps WHERE step > ? ORDER BY step", (floor,)
+            ).fetchall()
+            indices = [r[0] for r in rows]
+            if indices:
+                self._begin()
+                for index in indices:
+                    self._delete_step(index)
+                self._insert_event("steps_discarded", {"after": step, "steps": indices}, None, commit=True)
+            return indices
+
     def checkpoint_dir(self, step: int) -> Path:
         """`checkpoints/step-000123/` of this run, created if missing."""
         if not isinstance(step, int) or step < 0:

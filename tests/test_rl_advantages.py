@@ -1,0 +1,113 @@
+"""Group keys, GRPO advantages, zero-variance groups, MATPO's broadcast and MARS's balancing."""
+
+import random
+
+import numpy as np
+import pytest
+
+import workbench as wb
+from workbench.engine.records import CallRecord, EpisodeRecord
+from workbench.rl.advantages import balance, compute_advantages
+from workbench.rl.samples import from_episodes
+
+
+def _call(role, position, reward, source=None, parent=None):
+    return CallRecord(
+        role=role,
+        node=role,
+        position=position,
+        prompt_ids=[1, 2],
+        completion_ids=[3, 4, 5],
+        logprobs=[-0.1] * 3,
+        prompt_text="",
+        completion_text="",
+        finish_reason="stop",
+        policy="base",
+        policy_version=0,
+        trainable=True,
+        source=source,
+        parent=parent,
+        rewards={"reward": reward},
+    )
+
+
+def test_task_groups_normalise_by_the_sample_std_and_flag_zero_variance():
+    topology = wb.load_topology("mars")
+    episodes = [
+        EpisodeRecord("q1", "q1", i, calls=[_call("system2", 0, r)])
+        for i, r in enumerate([1.0, 0.0, 1.0, 0.0])
+    ] + [EpisodeRecord("q2", "q2", i, calls=[_call("system2", 0, 1.0)]) for i in range(4)]
+    samples = from_episodes(episodes)
+    stats = compute_advantages(samples, episodes, topology, eps=0.0)
+    expected = (np.array([1, 0, 1, 0]) - 0.5) / np.std([1, 0, 1, 0], ddof=1)
+    assert [s.advantage for s in samples[:4]] == pytest.approx(expected)
+    assert [s.advantage for s in samples[4:]] == [0.0] * 4
+    assert (stats.groups, stats.zero_variance_groups, stats.zero_variance_fraction) == (2, 1, 0.5)
+
+
+def test_input_groups_split_a_role_by_the_upstream_output_it_consumed():
+    topology = wb.load_topology("marsrl")
+    calls = [_call("solver", 0, 0.0), _call("solver", 1, 1.0)]
+    calls += [_call("verifier1", 2 + i, float(i % 2), source=0) for i in range(2)]
+    calls += [_call("verifier1", 4 + i, 1.0, source=1) for i in range(2)]
+    episodes = [EpisodeRecord("q", "q", 0, calls=calls)]
+    samples = from_episodes(episodes)
+    stats = compute_advantages(samples, episodes, topology)
+    groups = {s.group for s in samples if s.role == "verifier1"}
+    assert len(groups) == 2 and stats.per_role_groups == {"solver": 1, "verifier1": 2}
+    by_source = [s.advantage for s in samples if s.role == "verifier1"]
+    assert by_source[0] < 0 < by_source[1] and by_source[2:] == [0.0, 0.0]
+
+
+def test_matpo_workers_take_their_planners_advantage():
+    topology = wb.load_topology("matpo")
+    episodes = [
+        EpisodeRecord(
+            "q",
+            "q",
+            i,
+            calls=[_call("planner", 0, r), _call("worker", 1, r, parent=0), _call("worker", 2, r, parent=0)],
+        )
+        for i, r in enumerate([1.0, 0.0])
+    ]
+    samples = from_episodes(episodes)
+    compute_advantages(samples, episodes, topology)
+    for e in range(2):
+        planner, *workers = [s for s in samples if s.episode == e]
+        assert planner.advantage != 0 and all(w.advantage == planner.advantage for w in workers)
+
+
+@pytest.mark.parametrize("mode", ["random", "advantage_weighted"])
+@pytest.mark.parametrize("count", [0, 3, 8, 20])
+def test_mars_balancing_gives_exactly_g_system1_samples_per_question(mode, count):
+    topology = wb.load_topology("mars")
+    roles = dict(topology.roles)
+    roles["system1"] = roles["system1"].model_copy(
+        update={"reward": roles["system1"].reward.model_copy(update={"balance": mode})}
+    )
+    topology = topology.model_copy(update={"roles": roles})
+    rng = random.Random(count)
+    episodes = [
+        EpisodeRecord(
+            "q",
+            "q",
+            i,
+            calls=[_call("system2", 0, float(i % 2))]
+            + [_call("system1", 1 + j, float(i % 2)) for j in range(k)],
+        )
+        for i, k in enumerate(_split(count, 4, rng))
+    ]
+    samples = from_episodes(episodes)
+    stats = compute_advantages(samples, episodes, topology)
+    out = balance(samples, topology, group_size=4, rng=rng, stats=stats)
+    system1 = [s for s in out if s.role == "system1"]
+    assert len(system1) == (4 if count else 0)
+    assert sum(s.role == "system2" for s in out) == 4, "System 2 is never resampled"
+    if count:
+        assert stats.balanced["system1"] == (count, 4)
+        assert {id(s) for s in system1} <= {id(s) for s in samples}
+
+
+def _split(total: int, parts: int, rng: random.Random) -> list[int]:
+    cuts = sorted(rng.randint(0, total) for _ in range(parts - 1))
+    return [b - a for a, b in zip([0, *cuts], [*cuts, total], strict=True)]

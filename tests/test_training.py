@@ -1,0 +1,141 @@
+"""The training loop end to end on the tiny model: store contents, metrics, learning, resume, and wb.train."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import workbench as wb
+from workbench.rewards import register
+from workbench.rl.config import TrainConfig
+from workbench.rl.loop import run_training, task_order
+from workbench.tasks import generate
+from workbench.topology import from_dict
+from workbench.training import create, run_here
+
+
+@register("has_digit")
+def _has_digit(prediction: str, reference: str) -> float:
+    return float(any(ch.isdigit() for ch in prediction))
+
+
+SOLO = from_dict(
+    {
+        "name": "solo",
+        "roles": {
+            "solver": {
+                "messages": [{"role": "user", "content": "{{ question }}"}],
+                "reward": {"kind": "answer", "verifier": "has_digit"},
+                "sampling": {"max_tokens": 6},
+            }
+        },
+        "flow": {"start": "solve", "nodes": {"solve": {"call": "solver"}}, "answer": "{{ text }}"},
+    }
+)
+
+
+def _config(tmp_path, **kw) -> TrainConfig:
+    base = dict(
+        model="tiny",
+        steps=2,
+        batch_size=2,
+        group_size=2,
+        max_tokens=6,
+        runs_dir=str(tmp_path),
+        checkpoint_every=1,
+        learning_rate=1e-4,
+        task_options={"level": 1},
+        n_tasks=16,
+    )
+    return TrainConfig(**{**base, **kw})
+
+
+def test_task_order_is_a_seeded_shuffle_per_epoch_and_covers_every_task():
+    seen = [i for step in range(4) for i in task_order(10, step, 5, seed=3)]
+    assert sorted(seen[:10]) == list(range(10)) == sorted(seen[10:])
+    assert seen[:10] != seen[10:], "each epoch has its own order"
+    assert task_order(10, 1, 5, seed=3) == task_order(10, 1, 5, seed=3)
+    assert task_order(10, 1, 5, seed=4) != task_order(10, 1, 5, seed=3)
+
+
+def test_config_round_trips_through_yaml_and_names_bad_fields(tmp_path):
+    config = _config(tmp_path, train_roles=["solver"], dual_clip=3.0)
+    assert TrainConfig.from_yaml(config.to_yaml(tmp_path / "c.yaml")) == config
+    with pytest.raises(ValueError, match=r"unknown training config field\(s\) \['stpes'\]"):
+        TrainConfig.from_dict({"stpes": 3})
+    with pytest.raises(ValueError, match="group_size must be a positive integer"):
+        TrainConfig(group_size=0)
+    assert "clip_high = 0.2" in TrainConfig.help()
+
+
+def test_a_marsrl_run_stores_every_step_with_advantages_metrics_and_checkpoints(tmp_path):
+    config = _config(tmp_path)
+    run_dir = create(config)
+    assert run_here(run_dir) == "finished"
+    reader = wb.RunReader(run_dir)
+    steps = reader.steps()
+    assert list(steps["step"]) == [0, 1] and set(steps["status"]) == {"complete"}
+    calls = reader.calls()
+    assert calls["advantage"].notna().all(), "every call of marsrl is rewarded and gets an advantage"
+    assert set(calls["role"]) >= {"solver", "verifier1"}
+    wide = reader.metrics_wide()
+    for name in ("reward/mean", "loss", "groups/zero_std_fraction", "time/rollout_s", "time/weight_sync_s"):
+        assert name in wide.columns, name
+    for column in ("solver/grad_share", "verifier1/verifier/verdict_accuracy", "solver/length/max"):
+        assert column in wide.columns, column
+    assert [p.name for p in sorted((run_dir / "checkpoints").glob("step-*"))] == [
+        "step-000000",
+        "step-000001",
+    ]
+
+
+def test_the_policy_learns_a_reward_it_can_reach(tmp_path):
+    """A tiny random model, rewarded for writing a digit, writes digits more often within a few steps."""
+    config = _config(tmp_path, steps=15, batch_size=4, group_size=8, learning_rate=1e-2, checkpoint_every=100)
+    run_dir = create(config)
+    run_training(
+        config,
+        run_dir,
+        topology=SOLO,
+        tasks=generate("arithmetic", n=16, seed=0, level=1),
+        log=lambda m: None,
+    )
+    reward = wb.RunReader(run_dir).metrics_wide()["solver/reward/mean"]
+    assert reward.iloc[-3:].mean() > reward.iloc[:3].mean() + 0.2, reward.tolist()
+
+
+def test_resume_continues_after_the_checkpoint_and_redoes_later_steps(tmp_path):
+    config = _config(tmp_path, steps=2, checkpoint_every=1)
+    run_dir = create(config)
+    run_here(run_dir)
+    # the newest checkpoint incomplete, as if the process died while saving it: step 1 is after the last
+    # complete checkpoint, so it is discarded and redone
+    (run_dir / "checkpoints" / "step-000001" / "trainer_state.json").unlink()  # newest checkpoint incomplete
+    config.steps = 3
+    (run_dir / "train_config.yaml").write_text(config.to_yaml())
+    assert run_here(run_dir) == "finished"
+    reader = wb.RunReader(run_dir)
+    assert list(reader.steps()["step"]) == [0, 1, 2]
+    assert reader.events(kind="steps_discarded").iloc[-1]["payload"]["steps"] == [1]
+    episodes = reader.episodes()
+    assert episodes.groupby("step").size().to_dict() == {0: 4, 1: 4, 2: 4}, "no step lost or duplicated"
+    assert reader.integrity_check() == "ok"
+
+
+def test_wb_train_returns_at_once_and_the_handle_stops_waits_and_reads_metrics(tmp_path):
+    started = time.monotonic()
+    run = wb.train("marsrl", config=_config(tmp_path, steps=30, checkpoint_every=2))
+    launched_in = time.monotonic() - started
+    assert run.process.is_alive() and launched_in < 10, "the call returns while training runs"
+    deadline = time.monotonic() + 300
+    while run.metrics().empty and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not run.metrics().empty, run.log()
+    assert run.stop() == "stopped"
+    done = len(run.metrics())
+    assert 1 <= done < 30
+    assert "<svg" in run._repr_html_()
+    resumed = wb.resume(run.run_dir, steps=done + 1)
+    assert resumed.wait(600) == "finished", resumed.log()
+    assert list(wb.RunReader(run.run_dir).steps()["step"]) == list(range(done + 1))

@@ -1,0 +1,79 @@
+"""Checkpoints of a training run: model weights, optimizer, step, policy version and RNG states.
+
+A checkpoint is written into a hidden temporary directory and renamed into place, so a run killed
+while saving leaves either the previous checkpoint or the new one, never half of one. Resuming
+loads the newest complete checkpoint; the store's steps after it are discarded and redone, so no
+step is lost or duplicated.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+STATE_FILE = "trainer_state.json"
+
+
+def save(run_dir: Path, step: int, model: Any, optimizer: Any, state: dict[str, Any], keep: int = 2) -> Path:
+    """Write the checkpoint of ``step`` under ``run_dir/checkpoints/step-NNNNNN`` atomically."""
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:06d}"
+    tmp = root / f".tmp-step-{step:06d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    model.save_pretrained(tmp / "model", safe_serialization=True)
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    rng = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    torch.save(rng, tmp / "rng.pt")
+    (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    for old in complete(run_dir)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def complete(run_dir: Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [p for p in root.glob("step-*") if (p / STATE_FILE).is_file()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def latest(run_dir: Path) -> Path | None:
+    found = complete(run_dir)
+    return found[-1] if found else None
+
+
+def load(path: Path, model: Any, optimizer: Any) -> dict[str, Any]:
+    """Restore weights, optimizer and RNG states from ``path``; returns the saved trainer state."""
+    from safetensors.torch import load_file
+
+    weights: dict[str, torch.Tensor] = {}
+    for file in sorted((path / "model").glob("*.safetensors")):
+        weights.update(load_file(file))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = {k for k in missing if "lm_head" in k}
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(
+            f"checkpoint {path} does not fit the model: missing {missing}, unexpected {unexpected}"
+        )
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+    rng = torch.load(path / "rng.pt", weights_only=False)
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    return json.loads((path / STATE_FILE).read_text())

@@ -1,0 +1,159 @@
+"""The training configuration: one flat dataclass with help text on every field, round-tripping to YAML.
+
+``TrainConfig.help()`` prints every field with its default and meaning (TRL's config style); a run
+stores its config in the run store, and ``workbench train config.yaml`` reads the same file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from workbench.rl.loss import LossConfig
+from workbench.rl.trainer import OptimConfig
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:  # noqa: A002 - "help" is the natural name here
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class TrainConfig:
+    # ---- what to train
+    topology: str = _f("marsrl", "Built-in topology name or path to a YAML/JSON spec.")
+    model: str = _f("smollm2-135m", "Model name from the local registry, a local path or a HF checkpoint.")
+    backend: str = _f("hf", "Rollout backend: hf (shares the trained model object) or vllm (weights synced).")
+    tasks: str = _f("arithmetic", "Task generator name (workbench tasks) or a JSONL/Parquet file of tasks.")
+    task_options: dict = _f({}, "Keyword options of the task generator (e.g. {level: 1, format: plain}).")
+    n_tasks: int = _f(256, "Training tasks to generate (ignored for a file).")
+    eval_tasks: int = _f(0, "Held-out tasks (another seed) scored greedily every eval_every steps; 0: none.")
+    eval_every: int = _f(
+        0, "Steps between held-out evaluations; 0: only before the first and after the last."
+    )
+    # ---- rollout
+    steps: int = _f(10, "Training steps (each: roll out, score, update, sync weights).")
+    batch_size: int = _f(8, "Tasks per step.")
+    group_size: int = _f(4, "Samples per task (GRPO's G); grouped topologies also use it per selected input.")
+    max_tokens: int | None = _f(64, "Cap on tokens per call (below each role's own limit); None: the role's.")
+    temperature: float = _f(1.0, "Sampling temperature of every role during training rollouts.")
+    train_roles: list | None = _f(
+        None, "Roles whose samples enter the loss (MarsRL-S: [solver]); None: every trainable role."
+    )
+    # ---- optimisation
+    learning_rate: float = _f(1e-6, "AdamW learning rate (constant).")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    adam_beta1: float = _f(0.9, "AdamW beta1.")
+    adam_beta2: float = _f(0.999, "AdamW beta2.")
+    adam_eps: float = _f(1e-8, "AdamW epsilon.")
+    max_grad_norm: float | None = _f(1.0, "Gradient clipping norm; None: no clipping.")
+    mini_batch_size: int | None = _f(None, "Samples per optimizer step; None: one step per rollout step.")
+    ppo_epochs: int = _f(1, "Passes over the step's samples.")
+    token_budget: int = _f(4096, "Tokens per packed (padding-free) micro-batch.")
+    clip_low: float = _f(0.2, "PPO clip range below 1 (epsilon low).")
+    clip_high: float = _f(0.2, "PPO clip range above 1 (epsilon high; DAPO's clip-higher uses 0.28).")
+    dual_clip: float | None = _f(None, "Dual-clip constant c > 1 for negative advantages; None: off.")
+    aggregation: str = _f(
+        "seq_mean_token_mean", "Loss aggregation: seq_mean_token_mean (GRPO, MARS) or token_mean (DAPO)."
+    )
+    kl_coef: float = _f(0.0, "Coefficient of the k3 KL to the initial model (needs a reference copy).")
+    entropy_coef: float = _f(0.0, "Entropy bonus coefficient.")
+    engine_ratio_cap: float | None = _f(
+        None, "Truncated importance weight cap for engine-vs-trainer log-prob mismatch; None: off."
+    )
+    mastered_prob: float | None = _f(
+        None, "UloRL dynamic masking: drop positive-advantage tokens with old probability above this."
+    )
+    advantage_eps: float = _f(1e-6, "Epsilon added to the group std.")
+    scale_advantages: bool = _f(True, "Divide by the group std (False: Dr. GRPO's plain centring).")
+    # ---- bookkeeping
+    seed: int = _f(0, "Seed of task generation, data order and update shuffling.")
+    checkpoint_every: int = _f(5, "Steps between checkpoints (model, optimizer, data position).")
+    keep_checkpoints: int = _f(2, "Checkpoints kept on disk (older ones are deleted).")
+    sync_timeout_s: float = _f(300.0, "Seconds a weight sync may take before the run fails with an error.")
+    runs_dir: str = _f("runs", "Directory holding the runs.")
+    run_id: str | None = _f(None, "Run id (default: generated from the time and topology).")
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("steps", "batch_size", "group_size", "n_tasks", "ppo_epochs", "token_budget"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                problems.append(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.aggregation not in ("seq_mean_token_mean", "token_mean"):
+            problems.append(
+                f"aggregation must be seq_mean_token_mean or token_mean, got {self.aggregation!r}"
+            )
+        if self.backend not in ("hf", "vllm"):
+            problems.append(f"backend must be hf or vllm, got {self.backend!r}")
+        if not self.learning_rate > 0:
+            problems.append(f"learning_rate must be > 0, got {self.learning_rate!r}")
+        if self.checkpoint_every < 1:
+            problems.append(f"checkpoint_every must be >= 1, got {self.checkpoint_every!r}")
+        if problems:
+            raise ValueError("invalid training config:\n  - " + "\n  - ".join(problems))
+
+    # ---- conversions
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown training config field(s) {unknown}; see TrainConfig.help()")
+        return cls(**data)
+
+    def to_yaml(self, path: str | Path | None = None) -> str:
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_yaml(cls, source: str | Path) -> TrainConfig:
+        text = Path(source).read_text() if Path(str(source)).suffix in {".yaml", ".yml"} else str(source)
+        data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise ValueError("a training config file is a mapping of field: value")
+        return cls.from_dict(data)
+
+    @classmethod
+    def help(cls) -> str:
+        """Every field, its default and what it does."""
+        lines = []
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            lines.append(f"{f.name} = {default!r}\n    {f.metadata['help']}")
+        return "\n".join(lines)
+
+    def optim(self) -> OptimConfig:
+        return OptimConfig(
+            learning_rate=self.learning_rate,
+            beta1=self.adam_beta1,
+            beta2=self.adam_beta2,
+            eps=self.adam_eps,
+            weight_decay=self.weight_decay,
+            max_grad_norm=self.max_grad_norm,
+            mini_batch_size=self.mini_batch_size,
+            ppo_epochs=self.ppo_epochs,
+            token_budget=self.token_budget,
+            temperature=self.temperature if self.temperature > 0 else 1.0,
+            seed=self.seed,
+            loss=LossConfig(
+                clip_low=self.clip_low,
+                clip_high=self.clip_high,
+                dual_clip=self.dual_clip,
+                aggregation=self.aggregation,  # type: ignore[arg-type]
+                kl_coef=self.kl_coef,
+                entropy_coef=self.entropy_coef,
+                engine_ratio_cap=self.engine_ratio_cap,
+                mastered_prob=self.mastered_prob,
+            ),
+        )

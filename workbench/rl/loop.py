@@ -1,0 +1,249 @@
+"""The synchronous training loop (MARS style): roll out, score, compute advantages, update, sync, store.
+
+Every step takes the next ``batch_size`` tasks of a seeded per-epoch shuffle (so a resumed run sees
+the same data order), rolls out ``group_size`` samples each with the current policy, turns the
+rewarded calls into samples, computes group advantages and balancing, updates the policy, makes
+the new weights reach the rollout backend (the hf backend shares the model object; vLLM reloads
+them from a saved copy, with a timeout), then stores the step's calls, advantages and metrics.
+Checkpoints every ``checkpoint_every`` steps; a resumed run restarts after its newest checkpoint
+and discards the stored steps after it, so no step is lost or duplicated.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from workbench.rl import checkpoint
+from workbench.rl.advantages import balance, compute_advantages
+from workbench.rl.config import TrainConfig
+from workbench.rl.metrics import learning_metrics, rollout_metrics
+from workbench.rl.samples import from_episodes
+from workbench.rl.trainer import PolicyTrainer
+
+
+class WeightSyncError(RuntimeError):
+    """New weights could not reach the rollout backend in time."""
+
+
+def task_order(n_tasks: int, step: int, batch_size: int, seed: int) -> list[int]:
+    """Indices of the tasks of ``step``: consecutive slices of a fresh seeded shuffle per epoch."""
+    out: list[int] = []
+    position = step * batch_size
+    while len(out) < batch_size:
+        epoch, offset = divmod(position, n_tasks)
+        order = list(range(n_tasks))
+        random.Random(f"{seed}-epoch-{epoch}").shuffle(order)
+        take = min(batch_size - len(out), n_tasks - offset)
+        out += order[offset : offset + take]
+        position += take
+    return out
+
+
+def load_tasks_for(config: TrainConfig) -> tuple[list[Any], list[Any]]:
+    """Training tasks and held-out tasks (another seed) as the config names them."""
+    from workbench.tasks import generate, list_generators, load_tasks
+
+    if config.tasks in list_generators():
+        train = generate(config.tasks, n=config.n_tasks, seed=config.seed, **config.task_options)
+        held_out = (
+            generate(config.tasks, n=config.eval_tasks, seed=config.seed + 10_000, **config.task_options)
+            if config.eval_tasks
+            else []
+        )
+        return train, held_out
+    tasks = load_tasks(config.tasks)
+    n_eval = min(config.eval_tasks, len(tasks) // 2)
+    return tasks[n_eval:], tasks[:n_eval]
+
+
+def run_training(
+    config: TrainConfig,
+    run_dir: Path,
+    topology: Any = None,
+    tasks: list[Any] | None = None,
+    eval_tasks: list[Any] | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    log: Callable[[str], None] = print,
+) -> str:
+    """Train in this process, writing into the existing run ``run_dir``; resumes from its newest checkpoint.
+
+    Returns the final run status (``finished`` or ``stopped``).
+    """
+    import torch
+
+    from workbench.engine import Rollout
+    from workbench.engine.runner import run_sync
+    from workbench.models import load as load_model
+    from workbench.runs import with_sampling, write_step
+    from workbench.store import RunStore
+    from workbench.topology import load as load_topology
+
+    torch.manual_seed(config.seed)
+    random.seed(config.seed)
+    topology = load_topology(config.topology) if topology is None else topology
+    topology = with_sampling(topology, temperature=config.temperature)
+    if tasks is None:
+        tasks, eval_tasks = load_tasks_for(config)
+    eval_tasks = eval_tasks or []
+    if not tasks:
+        raise ValueError("no training tasks: set tasks/n_tasks in the config")
+    by_id = {t.id: t for t in [*tasks, *eval_tasks]}
+
+    store = RunStore.open(run_dir)
+    try:
+        model, tokenizer = load_model(config.model)
+        ref = copy.deepcopy(model).eval() if config.kl_coef else None
+        trainer = PolicyTrainer({name: model for name in topology.policies}, config.optim(), ref_model=ref)
+        backend = _rollout_backend(config, model, tokenizer)
+        policy_version, start = 0, 0
+        latest = checkpoint.latest(run_dir)
+        if latest is not None:
+            state = checkpoint.load(latest, model, trainer.optimizer)
+            start, policy_version = state["step"] + 1, state["policy_version"]
+            trainer.updates = state.get("updates", 0)
+            log(f"resuming after step {state['step']} from {latest}")
+        discarded = store.discard_steps_after(start - 1 if start else None)
+        if discarded:
+            log(f"discarded steps {discarded} written after the checkpoint; they are redone")
+        _sync(backend, model, run_dir, policy_version, config.sync_timeout_s)
+        store.set_status("running")
+        engine = Rollout(topology, backend, max_tokens=config.max_tokens)
+        greedy = Rollout(with_sampling(topology, temperature=0.0), backend, max_tokens=config.max_tokens)
+        status = "finished"
+        for step in range(start, config.steps):
+            if should_stop():
+                status = "stopped"
+                break
+            started = time.perf_counter()
+            batch = [tasks[i] for i in task_order(len(tasks), step, config.batch_size, config.seed)]
+            episodes = run_sync(lambda b=batch: engine.run(b, group_size=config.group_size))
+            rollout_s = time.perf_counter() - started
+            samples = from_episodes(episodes)
+            if config.train_roles is not None:
+                for s in samples:
+                    if s.role not in config.train_roles:
+                        s.mask = [0] * len(s.mask)
+            t0 = time.perf_counter()
+            stats = compute_advantages(
+                samples, episodes, topology, config.advantage_eps, config.scale_advantages
+            )
+            samples = balance(
+                samples, topology, config.group_size, random.Random(f"{config.seed}-{step}"), stats
+            )
+            advantage_s = time.perf_counter() - t0
+            trainer_metrics = trainer.step(samples, step)
+            model.eval()
+            policy_version += 1
+            sync_s = _sync(backend, model, run_dir, policy_version, config.sync_timeout_s)
+            metrics, roles = rollout_metrics(episodes)
+            learned, learned_roles = learning_metrics(samples, stats, trainer_metrics, policy_version - 1)
+            metrics.update(learned)
+            for role, values in learned_roles.items():
+                roles.setdefault(role, {}).update(values)
+            metrics.update(
+                {"time/rollout_s": rollout_s, "time/advantages_s": advantage_s, "time/weight_sync_s": sync_s}
+            )
+            if eval_tasks and _eval_due(config, step):
+                metrics.update(evaluate(greedy, eval_tasks, run_sync))
+            metrics["time/step_s"] = time.perf_counter() - started
+            advantages = {(s.episode, s.position): s.advantage for s in samples}
+            write_step(
+                store,
+                step,
+                episodes,
+                by_id,
+                metrics,
+                roles,
+                policy_version=policy_version - 1,
+                advantages=advantages,
+            )
+            log(
+                f"step {step}: reward {metrics['reward/mean']:.3f}, loss {metrics.get('loss', 0.0):.4f}, "
+                f"{metrics['time/step_s']:.1f} s"
+            )
+            if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
+                state = {"policy_version": policy_version, "updates": trainer.updates}
+                checkpoint.save(run_dir, step, model, trainer.optimizer, state, keep=config.keep_checkpoints)
+        if status == "finished" and eval_tasks:
+            with store.step(config.steps, policy_version=policy_version) as final:
+                final.log_metrics({**evaluate(greedy, eval_tasks, run_sync), "final_eval": 1.0})
+        store.set_status(status)
+        backend.close()
+        return status
+    except KeyboardInterrupt:
+        store.set_status("stopped")
+        raise
+    except BaseException as error:
+        import traceback
+
+        store.log_event(
+            "error", {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+        )
+        store.set_status("failed")
+        raise
+    finally:
+        store.close()
+
+
+def evaluate(engine: Any, tasks: list[Any], run_sync: Callable[..., Any]) -> dict[str, float]:
+    """Greedy held-out scores: the outcome accuracy and each rewarded role's mean reward."""
+    episodes = run_sync(lambda: engine.run(tasks, group_size=1))
+    out = {"eval/accuracy": sum((e.reward or 0.0) >= 1.0 for e in episodes) / len(episodes)}
+    per_role: dict[str, list[float]] = {}
+    for episode in episodes:
+        for call in episode.calls:
+            if call.rewards:
+                per_role.setdefault(call.role, []).append(call.rewards.get("reward", 0.0))
+    for role, values in per_role.items():
+        out[f"eval/{role}/reward"] = sum(values) / len(values)
+    return out
+
+
+def _eval_due(config: TrainConfig, step: int) -> bool:
+    return step == 0 or (config.eval_every > 0 and step % config.eval_every == 0)
+
+
+def _rollout_backend(config: TrainConfig, model: Any, tokenizer: Any) -> Any:
+    if config.backend == "hf":
+        from workbench.backends.hf import HFBackend
+
+        return HFBackend(model, tokenizer)
+    from workbench.backends import make_backend
+
+    return make_backend("vllm", config.model)
+
+
+def _sync(backend: Any, model: Any, run_dir: Path, version: int, timeout: float) -> float:
+    """Make the current weights reach the backend; returns the seconds it took."""
+    started = time.perf_counter()
+    if getattr(backend, "model", None) is model:  # hf: the backend generates with the trained object
+        backend.policy_version = version
+        return time.perf_counter() - started
+    if version == 0 and backend.policy_version == 0:
+        return 0.0  # the engine started from the same initial weights
+    directory = Path(run_dir) / "sync"
+    model.save_pretrained(directory, safe_serialization=True)
+    outcome: dict[str, Any] = {}
+
+    def reload() -> None:
+        try:
+            backend.load_weights(directory, policy_version=version)
+        except BaseException as error:  # noqa: BLE001 - reported in the caller's thread
+            outcome["error"] = error
+
+    worker = threading.Thread(target=reload, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise WeightSyncError(
+            f"weight sync to the {backend.name} backend did not finish within {timeout:.0f} s"
+        )
+    if "error" in outcome:
+        raise WeightSyncError(f"weight sync to the {backend.name} backend failed: {outcome['error']}")
+    return time.perf_counter() - started

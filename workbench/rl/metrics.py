@@ -1,0 +1,128 @@
+"""Per-step training metrics, global and per role (the complete list is in the README).
+
+Rollout-side metrics come from the episodes (rewards, accuracy, format, lengths, tools, Verifier
+confusion); learning-side ones from the samples and the trainer (groups, clipping, KL, entropy,
+gradient norms and each role's share, tokens, policy-version lag). Verifier confusion takes
+"the solution is correct" as the positive class: TP = said Correct about a correct solution,
+FP = said Correct about a wrong one, TN = said Wrong about a wrong one, FN = said Wrong about a
+correct one.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from workbench.engine.records import EpisodeRecord
+from workbench.rewards.assign import verdict_of
+from workbench.rl.advantages import AdvantageStats
+from workbench.rl.samples import Sample
+
+
+def rollout_metrics(
+    episodes: Sequence[EpisodeRecord],
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """Metrics of one step's episodes: (global, per role)."""
+    rewards = [e.reward or 0.0 for e in episodes]
+    tasks = {e.task_id for e in episodes}
+    overall: dict[str, float] = {
+        "reward/mean": _mean(rewards),
+        "reward/std": float(np.std(rewards)) if rewards else 0.0,
+        "accuracy": _mean([float((e.reward or 0.0) >= 1.0) for e in episodes]),
+        "episodes": float(len(episodes)),
+        "episodes/error": float(sum(e.status == "error" for e in episodes)),
+    }
+    per_role: dict[str, dict[str, Any]] = defaultdict(lambda: defaultdict(list))
+    tools: Counter[str] = Counter()
+    lengths: list[int] = []
+    for episode in episodes:
+        for call in episode.calls:
+            bucket = per_role[call.role]
+            n = len(call.completion_ids)
+            lengths.append(n)
+            bucket["length"].append(n)
+            bucket["format"].append(float(call.format_error is None))
+            bucket["truncated"].append(float(call.finish_reason == "length"))
+            bucket["tool_calls"].append(float(len(call.tool_calls)))
+            for tool_call in call.tool_calls:
+                tools[tool_call.get("name", "?")] += 1
+            if call.rewards:
+                bucket["reward"].append(call.rewards.get("reward", 0.0))
+                bucket["accuracy"].append(call.rewards.get("accuracy", 0.0))
+            if "judged_correct" in call.rewards:
+                said_correct = verdict_of(call) == "correct"
+                was_correct = call.rewards["judged_correct"] >= 1.0
+                key = {(True, True): "tp", (True, False): "fp", (False, False): "tn", (False, True): "fn"}
+                bucket[f"verifier/{key[(said_correct, was_correct)]}"].append(1.0)
+    if lengths:
+        overall.update(
+            {
+                "length/min": float(min(lengths)),
+                "length/mean": _mean(lengths),
+                "length/max": float(max(lengths)),
+            }
+        )
+    n_tool_calls = sum(tools.values())
+    overall["tool_calls/per_question"] = n_tool_calls / max(len(tasks), 1)
+    for name, count in tools.items():
+        overall[f"tool_share/{name}"] = count / n_tool_calls
+    roles: dict[str, dict[str, float]] = {}
+    for role, bucket in per_role.items():
+        out = {
+            "calls": float(len(bucket["length"])),
+            "length/min": float(min(bucket["length"])),
+            "length/mean": _mean(bucket["length"]),
+            "length/max": float(max(bucket["length"])),
+            "format/rate": _mean(bucket["format"]),
+            "truncated/rate": _mean(bucket["truncated"]),
+            "tool_calls/mean": _mean(bucket["tool_calls"]),
+        }
+        if bucket["reward"]:
+            out["reward/mean"] = _mean(bucket["reward"])
+            out["reward/std"] = float(np.std(bucket["reward"]))
+            out["accuracy"] = _mean(bucket["accuracy"])
+        confusion = {k: float(len(bucket.get(f"verifier/{k}", []))) for k in ("tp", "fp", "tn", "fn")}
+        if any(confusion.values()):
+            out.update({f"verifier/{k}": v for k, v in confusion.items()})
+            out["verifier/verdict_accuracy"] = (confusion["tp"] + confusion["tn"]) / sum(confusion.values())
+        roles[role] = out
+    return overall, roles
+
+
+def learning_metrics(
+    samples: Sequence[Sample],
+    stats: AdvantageStats,
+    trainer_metrics: dict[str, Any],
+    policy_version: int,
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """Metrics of the update: (global, per role)."""
+    overall = {
+        k: float(v) for k, v in trainer_metrics.items() if k != "per_role" and isinstance(v, int | float)
+    }
+    overall["groups"] = float(stats.groups)
+    overall["groups/zero_std_fraction"] = stats.zero_variance_fraction
+    lags = [policy_version - s.policy_version for s in samples]
+    overall["policy_lag/mean"] = _mean(lags)
+    overall["policy_lag/max"] = float(max(lags)) if lags else 0.0
+    roles: dict[str, dict[str, float]] = defaultdict(dict)
+    for role in {s.role for s in samples}:
+        mine = [s for s in samples if s.role == role]
+        roles[role]["samples"] = float(len(mine))
+        roles[role]["tokens"] = float(sum(len(s.completion_ids) for s in mine))
+        roles[role]["trained_tokens"] = float(sum(s.n_trained for s in mine))
+        roles[role]["advantage/mean"] = _mean([s.advantage for s in mine])
+        roles[role]["groups"] = float(stats.per_role_groups.get(role, 0))
+        roles[role]["groups/zero_std"] = float(stats.per_role_zero_variance.get(role, 0))
+    for role, (before, after) in stats.balanced.items():
+        roles[role]["balance/before"] = float(before)
+        roles[role]["balance/after"] = float(after)
+    for role, values in trainer_metrics.get("per_role", {}).items():
+        roles[role].update({k: float(v) for k, v in values.items()})
+    return overall, dict(roles)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else 0.0

@@ -1,0 +1,245 @@
+"""The policy update: one rollout step's samples -> PPO-clip optimizer steps on the policy model(s).
+
+Samples are split into mini-batches (one optimizer step each, ``ppo_epochs`` passes); each mini-batch
+is packed into padding-free micro-batches by token budget, one role at a time so each role's share of
+the gradient can be measured (the signal that one role dominates a shared policy). Policies map to
+models: every policy on one shared model, or a model per policy.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from workbench.rl.loss import LossConfig, LossTerms, policy_loss
+from workbench.rl.packing import collate, plan_micro_batches, token_logprobs
+from workbench.rl.samples import Sample
+
+
+@dataclass
+class OptimConfig:
+    learning_rate: float = 1e-6
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    max_grad_norm: float | None = 1.0
+    mini_batch_size: int | None = None  # samples per optimizer step; None: the whole batch in one step
+    ppo_epochs: int = 1
+    token_budget: int = 4096  # tokens per packed micro-batch
+    temperature: float = 1.0  # logits are divided by the sampling temperature, as the engine did
+    measure_role_gradients: bool = True
+    seed: int = 0
+    loss: LossConfig = field(default_factory=LossConfig)
+
+
+class PolicyTrainer:
+    """Optimizes the policies' models on samples; ``models`` maps policy name -> model (may repeat)."""
+
+    def __init__(self, models: dict[str, torch.nn.Module], config: OptimConfig, ref_model: Any = None):
+        self.models = models
+        self.config = config
+        self.ref_model = ref_model
+        unique: dict[int, torch.nn.Parameter] = {}
+        for model in models.values():
+            for p in model.parameters():
+                if p.requires_grad:
+                    unique.setdefault(id(p), p)
+        self.parameters = list(unique.values())
+        self.optimizer = torch.optim.AdamW(
+            self.parameters,
+            lr=config.learning_rate,
+            betas=(config.beta1, config.beta2),
+            eps=config.eps,
+            weight_decay=config.weight_decay,
+        )
+        self.updates = 0
+
+    # ------------------------------------------------------------------ public
+
+    def step(self, samples: Sequence[Sample], step_index: int = 0) -> dict[str, Any]:
+        """Train on ``samples`` (those with a trained token); returns the step's metrics."""
+        cfg = self.config
+        trained = [s for s in samples if s.n_trained > 0]
+        metrics: dict[str, Any] = {"samples": len(trained), "optimizer_steps": 0}
+        if not trained:
+            return metrics
+        started = time.perf_counter()
+        old = self._old_logprobs(trained) if self._needs_old(trained) else None
+        ref = self._ref_logprobs(trained) if cfg.loss.kl_coef else None
+        metrics["time/old_logprobs_s"] = time.perf_counter() - started
+        started = time.perf_counter()
+        rng = random.Random(f"{cfg.seed}-{step_index}")
+        totals: dict[str, float] = defaultdict(float)
+        role_sq: dict[str, float] = defaultdict(float)
+        for _epoch in range(cfg.ppo_epochs):
+            order = list(range(len(trained)))
+            rng.shuffle(order)
+            size = cfg.mini_batch_size or len(order)
+            for start in range(0, len(order), size):
+                chosen = order[start : start + size]
+                self._update([trained[i] for i in chosen], chosen, old, ref, totals, role_sq)
+                metrics["optimizer_steps"] += 1
+        metrics["time/update_s"] = time.perf_counter() - started
+        tokens = max(totals["tokens"], 1.0)
+        metrics.update(
+            {
+                "loss": totals["loss"] / max(metrics["optimizer_steps"], 1),
+                "clip_fraction/low": totals["clipped_low"] / tokens,
+                "clip_fraction/high": totals["clipped_high"] / tokens,
+                "clip_fraction": (totals["clipped_low"] + totals["clipped_high"]) / tokens,
+                "kl": totals["kl"] / tokens,
+                "entropy": totals["entropy"] / tokens if totals["entropy"] else float("nan"),
+                "ratio/mean": totals["ratio"] / tokens,
+                "grad_norm": totals["grad_norm"] / max(metrics["optimizer_steps"], 1),
+                "mastered_tokens_masked": totals["mastered"],
+                "trained_tokens": totals["tokens"],
+            }
+        )
+        norms = {role: math.sqrt(v) for role, v in role_sq.items()}
+        total = sum(norms.values())
+        metrics["per_role"] = {
+            role: {"grad_norm": norm, "grad_share": norm / total if total else 0.0}
+            for role, norm in norms.items()
+        }
+        return metrics
+
+    # ------------------------------------------------------------------ internals
+
+    def _needs_old(self, samples: Sequence[Sample]) -> bool:
+        """The trainer's own pre-update log-probs are needed unless the single update is on-policy."""
+        cfg = self.config
+        several_updates = cfg.ppo_epochs > 1 or (cfg.mini_batch_size or len(samples)) < len(samples)
+        return several_updates or cfg.loss.engine_ratio_cap is not None or cfg.loss.mastered_prob is not None
+
+    @torch.no_grad()
+    def _old_logprobs(self, samples: Sequence[Sample]) -> list[torch.Tensor]:
+        return self._score(samples, lambda s: self.models[s.policy])
+
+    @torch.no_grad()
+    def _ref_logprobs(self, samples: Sequence[Sample]) -> list[torch.Tensor]:
+        if self.ref_model is None:
+            raise ValueError("kl_coef > 0 needs a reference model; pass ref_model to PolicyTrainer")
+        return self._score(samples, lambda s: self.ref_model)
+
+    def _score(self, samples: Sequence[Sample], model_of: Any) -> list[torch.Tensor]:
+        out: list[torch.Tensor] = [torch.empty(0)] * len(samples)
+        for indices in self._plan(samples):
+            batch = collate(samples, indices)
+            model = model_of(samples[indices[0]])
+            model.eval()
+            logps, _ = token_logprobs(model, batch, self.config.temperature)
+            for j, i in enumerate(indices):
+                out[i] = logps[batch.sample_index == j].detach()
+        return out
+
+    def _plan(self, samples: Sequence[Sample]) -> list[list[int]]:
+        """Micro-batches that never mix roles (or policies), so per-role gradients can be measured."""
+        by_role: dict[tuple[str, str], list[int]] = defaultdict(list)
+        for i, s in enumerate(samples):
+            by_role[(s.role, s.policy)].append(i)
+        plan = []
+        for members in by_role.values():
+            for micro in plan_micro_batches([samples[i] for i in members], self.config.token_budget):
+                plan.append([members[j] for j in micro])
+        return plan
+
+    def _update(
+        self,
+        samples: list[Sample],
+        indices: list[int],
+        old: list[torch.Tensor] | None,
+        ref: list[torch.Tensor] | None,
+        totals: dict[str, float],
+        role_sq: dict[str, float],
+    ) -> None:
+        cfg = self.config
+        agg = cfg.loss.aggregation
+        denominator = float(sum(s.n_trained for s in samples)) if agg == "token_mean" else float(len(samples))
+        self.optimizer.zero_grad(set_to_none=True)
+        measure = cfg.measure_role_gradients and len({s.role for s in samples}) > 1
+        previous = [None] * len(self.parameters) if measure else None
+        plan = self._plan(samples)
+        roles_in_order = [samples[m[0]].role for m in plan]
+        for k, micro in enumerate(plan):
+            batch = collate(samples, micro)
+            model = self.models[samples[micro[0]].policy]
+            model.train()
+            logps, entropy = token_logprobs(model, batch, cfg.temperature, with_entropy=True)
+            terms = self._terms(samples, indices, micro, batch, logps, entropy, old, ref, denominator)
+            terms.loss.backward()
+            totals["loss"] += float(terms.loss.detach())
+            totals["tokens"] += terms.tokens
+            totals["clipped_low"] += terms.clipped_low
+            totals["clipped_high"] += terms.clipped_high
+            totals["kl"] += terms.kl_sum
+            totals["entropy"] += terms.entropy_sum
+            totals["ratio"] += terms.ratio_sum
+            totals["mastered"] += terms.masked_mastered
+            last_of_role = k + 1 == len(plan) or roles_in_order[k + 1] != roles_in_order[k]
+            if measure and last_of_role:
+                role_sq[roles_in_order[k]] += self._grad_delta_sq(previous)
+        if not measure and plan:
+            role_sq[samples[plan[0][0]].role] += sum(
+                float(p.grad.pow(2).sum()) for p in self.parameters if p.grad is not None
+            )
+        limit = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(self.parameters, limit)
+        totals["grad_norm"] += float(norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.updates += 1
+
+    def _terms(
+        self,
+        samples: list[Sample],
+        indices: list[int],
+        micro: list[int],
+        batch: Any,
+        logps: torch.Tensor,
+        entropy: torch.Tensor | None,
+        old: list[torch.Tensor] | None,
+        ref: list[torch.Tensor] | None,
+        denominator: float,
+    ) -> LossTerms:
+        chosen = [samples[i] for i in micro]
+        flat = lambda values: torch.tensor(  # noqa: E731 - a one-line local helper
+            [v for s in values for v in s], dtype=logps.dtype
+        )
+        advantages = flat([[s.advantage] * len(s.completion_ids) for s in chosen])
+        mask = flat([s.mask for s in chosen])
+        engine = flat([s.old_logprobs for s in chosen])
+        old_logps = torch.cat([old[indices[i]] for i in micro]) if old is not None else logps.detach()
+        ref_logps = torch.cat([ref[indices[i]] for i in micro]) if ref is not None else None
+        return policy_loss(
+            logps,
+            old_logps,
+            advantages,
+            mask,
+            batch.sample_index,
+            len(micro),
+            denominator,
+            self.config.loss,
+            ref_logps=ref_logps,
+            engine_logps=engine,
+            entropy=entropy,
+        )
+
+    def _grad_delta_sq(self, previous: list[Any]) -> float:
+        """Squared norm of the gradient added since the last call (one role's contribution)."""
+        total = 0.0
+        for i, p in enumerate(self.parameters):
+            if p.grad is None:
+                continue
+            before = previous[i]
+            delta = p.grad if before is None else p.grad - before
+            total += float(delta.pow(2).sum())
+            previous[i] = p.grad.detach().clone()
+        return total

@@ -1,0 +1,189 @@
+"""``wb.train``: launch multi-agent GRPO training from a notebook cell without blocking the kernel.
+
+Training runs in a background process (spawned, so it owns its model and threads) that writes to
+the run store; the call returns a :class:`TrainingRun` handle at once: ``run.stop()``,
+``run.wait()``, ``run.metrics()``, ``run.status``, and a rich display with per-role curves.
+``workbench train config.yaml`` runs the same loop from a shell; ``wb.resume(run_dir)`` (or
+``workbench train --resume RUN_DIR``) continues a stopped or killed run from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from workbench.rl.config import TrainConfig
+
+STOP_FILE = "STOP"
+LOG_FILE = "train.log"
+CONFIG_FILE = "train_config.yaml"
+TOPOLOGY_FILE = "topology.yaml"
+TASKS_FILE = "tasks.jsonl"
+
+
+class TrainingRun:
+    """A training run in a background process; everything it knows is read from the run store."""
+
+    def __init__(self, run_dir: Path, process: Any = None):
+        self.run_dir = Path(run_dir)
+        self.process = process
+
+    @property
+    def status(self) -> str:
+        from workbench.store import RunReader
+
+        with RunReader(self.run_dir) as reader:
+            return reader.info()["status"]
+
+    def stop(self, timeout: float = 120.0) -> str:
+        """Ask the run to stop after its current step; waits up to ``timeout`` s, then terminates it."""
+        (self.run_dir / STOP_FILE).touch()
+        if self.process is not None:
+            self.process.join(timeout)
+            if self.process.is_alive():
+                self.process.terminate()
+                self.process.join(10)
+        return self.status
+
+    def wait(self, timeout: float | None = None) -> str:
+        """Block until the run ends (or ``timeout`` s pass); raises if it failed, with its error."""
+        if self.process is not None:
+            self.process.join(timeout)
+        else:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while self.status in {"created", "running"} and (deadline is None or time.monotonic() < deadline):
+                time.sleep(0.5)
+        status = self.status
+        if status == "failed":
+            raise RuntimeError(f"training run {self.run_dir} failed: {self.error() or 'see ' + LOG_FILE}")
+        return status
+
+    def error(self) -> str | None:
+        from workbench.store import RunReader
+
+        with RunReader(self.run_dir) as reader:
+            events = reader.events(kind="error")
+        return None if events.empty else str(events.iloc[-1]["payload"].get("error"))
+
+    def metrics(self, role: str | None = None) -> Any:
+        """The metrics so far, one row per step: run-wide and ``role/name`` columns (``role`` picks one role)."""
+        from workbench.store import RunReader
+
+        with RunReader(self.run_dir) as reader:
+            return reader.metrics_wide(role=role)
+
+    def log(self) -> str:
+        path = self.run_dir / LOG_FILE
+        return path.read_text() if path.exists() else ""
+
+    def __repr__(self) -> str:
+        return f"TrainingRun({self.run_dir}, status={self.status})"
+
+    def _repr_html_(self) -> str:
+        from workbench.rl.display import run_html
+
+        return run_html(self)
+
+
+def train(
+    topology: Any = None,
+    tasks: list[Any] | None = None,
+    config: TrainConfig | dict[str, Any] | str | Path | None = None,
+    **overrides: Any,
+) -> TrainingRun:
+    """Start training ``topology`` on ``tasks`` in a background process and return its handle at once.
+
+    ``config`` is a :class:`TrainConfig`, a dict, or a YAML file; keyword ``overrides`` set fields.
+    ``topology`` (a name or a Topology) and ``tasks`` (a list of Task) override the config's.
+    """
+    from workbench.tasks import save_jsonl
+    from workbench.topology import Topology, to_yaml
+
+    config = _config(config, overrides)
+    if isinstance(topology, Topology):
+        config.topology = topology.name
+    elif topology is not None:
+        config.topology = str(topology)
+    run_dir = create(config)
+    # everything a resumed run needs lives in the run directory
+    if isinstance(topology, Topology):
+        (run_dir / TOPOLOGY_FILE).write_text(to_yaml(topology))
+    if tasks is not None:
+        save_jsonl(tasks, run_dir / TASKS_FILE)
+    return _launch(run_dir)
+
+
+def resume(run_dir: str | Path, **overrides: Any) -> TrainingRun:
+    """Continue a stopped or killed run from its newest checkpoint, in a background process."""
+    run_dir = Path(run_dir)
+    config = TrainConfig.from_dict({**TrainConfig.from_yaml(run_dir / CONFIG_FILE).to_dict(), **overrides})
+    (run_dir / CONFIG_FILE).write_text(config.to_yaml())
+    (run_dir / STOP_FILE).unlink(missing_ok=True)
+    return _launch(run_dir)
+
+
+def _config(config: Any, overrides: dict[str, Any]) -> TrainConfig:
+    if config is None:
+        data: dict[str, Any] = {}
+    elif isinstance(config, TrainConfig):
+        data = config.to_dict()
+    elif isinstance(config, dict):
+        data = dict(config)
+    else:
+        data = TrainConfig.from_yaml(config).to_dict()
+    return TrainConfig.from_dict({**data, **overrides})
+
+
+def _launch(run_dir: Path) -> TrainingRun:
+    context = multiprocessing.get_context("spawn")
+    process = context.Process(target=_child, args=(str(run_dir),), name=f"workbench-train-{run_dir.name}")
+    process.start()
+    return TrainingRun(run_dir, process)
+
+
+def _child(run_dir: str) -> None:
+    """The background process: output goes to the run's log, never into the notebook."""
+    path = Path(run_dir)
+    with open(path / LOG_FILE, "a", buffering=1) as log:
+        sys.stdout = sys.stderr = log
+        run_here(path)
+
+
+def run_here(run_dir: str | Path) -> str:
+    """Train (or resume) the run in ``run_dir`` in this process; the CLI and the background process end up here."""
+    from workbench.rl.loop import run_training
+    from workbench.tasks import load_tasks
+    from workbench.topology import load
+
+    run_dir = Path(run_dir)
+    config = TrainConfig.from_yaml(run_dir / CONFIG_FILE)
+    topology = load(run_dir / TOPOLOGY_FILE) if (run_dir / TOPOLOGY_FILE).exists() else None
+    tasks = load_tasks(run_dir / TASKS_FILE) if (run_dir / TASKS_FILE).exists() else None
+    stop_file = run_dir / STOP_FILE
+    return run_training(
+        config,
+        run_dir,
+        topology=topology,
+        tasks=tasks,
+        should_stop=stop_file.exists,
+        log=lambda m: print(m, flush=True),
+    )
+
+
+def create(config: TrainConfig) -> Path:
+    """A new run directory for ``config`` (what ``workbench train config.yaml`` trains in)."""
+    from workbench.store import RunStore
+
+    store = RunStore.create(
+        config.runs_dir,
+        config={"kind": "train", **config.to_dict()},
+        run_id=config.run_id,
+        name=f"{config.topology} training",
+        topology=config.topology,
+    )
+    store.close()
+    (store.run_dir / CONFIG_FILE).write_text(config.to_yaml())
+    return store.run_dir
