@@ -20,6 +20,12 @@ def _has_digit(prediction: str, reference: str) -> float:
     return float(any(ch.isdigit() for ch in prediction))
 
 
+@register("even_length")
+def _even_length(prediction: str, reference: str) -> float:
+    """About half of a random model's outputs: every group has a reward signal."""
+    return float(len(prediction) % 2 == 0)
+
+
 SOLO = from_dict(
     {
         "name": "solo",
@@ -139,3 +145,64 @@ def test_wb_train_returns_at_once_and_the_handle_stops_waits_and_reads_metrics(t
     resumed = wb.resume(run.run_dir, steps=done + 1)
     assert resumed.wait(600) == "finished", resumed.log()
     assert list(wb.RunReader(run.run_dir).steps()["step"]) == list(range(done + 1))
+
+
+DUO = from_dict(
+    {
+        "name": "duo",
+        "roles": {
+            "first": {
+                "messages": [{"role": "user", "content": "{{ question }}"}],
+                "reward": {"kind": "answer", "verifier": "even_length"},
+            },
+            "second": {
+                "messages": [{"role": "user", "content": "Check: {{ question }} {{ draft }}"}],
+                "reward": {"kind": "answer", "verifier": "even_length"},
+            },
+        },
+        "flow": {
+            "start": "a",
+            "nodes": {
+                "a": {"call": "first", "bind": {"draft": "text"}, "next": [{"goto": "b"}]},
+                "b": {"call": "second"},
+            },
+            "answer": "{{ text }}",
+        },
+    }
+)
+
+
+@pytest.mark.parametrize("layout", ["lora", "separate"])
+def test_each_role_trains_its_own_weights(layout, tmp_path):
+    import torch
+
+    from workbench.models import load
+
+    config = _config(
+        tmp_path,
+        steps=2,
+        batch_size=4,
+        group_size=4,
+        policies=layout,
+        policy_per_role=True,
+        learning_rate=1e-2,
+    )
+    run_dir = create(config)
+    run_training(
+        config, run_dir, topology=DUO, tasks=generate("arithmetic", n=8, seed=0, level=1), log=lambda m: None
+    )
+    weights = torch.load(run_dir / "checkpoints" / "step-000001" / "weights.pt", weights_only=True)
+    base, _ = load("tiny")
+    base_state = base.state_dict()
+    if layout == "lora":
+        assert weights and all("lora_" in k for k in weights), "only the adapters are trained and saved"
+        for role in ("first", "second"):
+            trained = [v for k, v in weights.items() if f".{role}." in k and "lora_B" in k]
+            assert trained and any(v.abs().sum() > 0 for v in trained), f"{role}'s adapter moved"
+    else:
+        for role in ("first", "second"):
+            mine = {k.split("/", 1)[1]: v for k, v in weights.items() if k.startswith(f"{role}/")}
+            moved = [k for k, v in mine.items() if k in base_state and not torch.equal(v, base_state[k])]
+            assert moved, f"{role}'s own model moved"
+    calls = wb.RunReader(run_dir).calls()
+    assert set(calls["policy"]) == {"first", "second"}

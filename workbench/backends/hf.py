@@ -78,14 +78,47 @@ class HFBackend:
                             future.set_result(result)
 
     def _generate_batch(self, requests: list[GenerationRequest]) -> list[list[Generation]]:
-        import torch
 
         started = time.perf_counter()
         first = requests[0]
-        if first.adapter is not None:
-            raise BackendError(
-                f"the hf backend serves one model; adapter '{first.adapter}' needs the vllm backend or a peft model"
-            )
+        with self._adapter(first.adapter):
+            return self._generate_rows(requests, started)
+
+    @property
+    def adapters(self) -> dict[str, int]:
+        """LoRA adapters of a peft model, by name (empty for a plain model)."""
+        return {name: i for i, name in enumerate(getattr(self.model, "peft_config", {}))}
+
+    def add_adapter(self, name: str, path: str | Path) -> int:
+        """Load a peft LoRA adapter directory under ``name`` (a no-op for one the model already has:
+        a trainer sharing this model object updates it in place)."""
+        if name not in self.adapters:
+            if not (Path(path) / "adapter_config.json").is_file():
+                raise BackendError(f"adapter '{name}': {path} has no adapter_config.json (save it with peft)")
+            if hasattr(self.model, "load_adapter") and hasattr(self.model, "peft_config"):
+                self.model.load_adapter(str(path), adapter_name=name)
+            else:
+                from peft import PeftModel
+
+                self.model = PeftModel.from_pretrained(self.model, str(path), adapter_name=name).eval()
+        return self.adapters[name]
+
+    def _adapter(self, name: str | None) -> Any:
+        """A context running the model with adapter ``name`` on (or, for a peft model, all off)."""
+        import contextlib
+
+        if name is None:
+            disable = getattr(self.model, "disable_adapter", None)
+            return disable() if disable is not None and self.adapters else contextlib.nullcontext()
+        if name not in self.adapters:
+            raise BackendError(f"unknown adapter '{name}' (loaded: {', '.join(self.adapters) or 'none'})")
+        self.model.set_adapter(name)
+        return contextlib.nullcontext()
+
+    def _generate_rows(self, requests: list[GenerationRequest], started: float) -> list[list[Generation]]:
+        import torch
+
+        first = requests[0]
         rows = [r for r in requests for _ in range(r.n)]
         pad_id = self.tokenizer.pad_token_id
         if pad_id is None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import time
 import uuid
@@ -86,7 +87,7 @@ class VLLMBackend:
         model: str | Path,
         *,
         tokenizer: Any = None,
-        max_model_len: int = 4096,
+        max_model_len: int | None = None,
         gpu_memory_utilization: float = 0.5,
         enable_lora: bool = False,
         max_loras: int = 4,
@@ -112,6 +113,8 @@ class VLLMBackend:
 
         path = resolve(str(model))
         self.model_path = path
+        if max_model_len is None:  # the model's own context, capped to keep the CPU KV cache small
+            max_model_len = min(4096, _context_length(Path(path)))
         if tokenizer is None:
             from transformers import AutoTokenizer
 
@@ -346,6 +349,14 @@ class VLLMBackend:
 
 def _stop(loop: LoopThread, engine: Any) -> None:
     loop.stop(_shutdown_engine(engine))
+
+
+def _context_length(path: Path) -> int:
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return 4096
+    return int(config.get("max_position_embeddings") or 4096)
 
 
 def _files_fingerprint(directory: Path) -> tuple:

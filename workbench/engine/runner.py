@@ -640,7 +640,8 @@ class Rollout:
                 temperature=role.sampling.temperature,
                 top_p=role.sampling.top_p,
                 stop=tuple(dict.fromkeys((*stop, *role.stop))),
-                adapter=role.policy if self.topology.policies[role.policy].adapter else None,
+                # a policy the backend serves as a LoRA adapter (declared in the spec, or a trainer's)
+                adapter=role.policy if role.policy in getattr(backend, "adapters", {}) else None,
             )
         )
         return generation

@@ -1,6 +1,6 @@
 """Checkpoints of a training run: model weights, optimizer, step, policy version and RNG states.
 
-A checkpoint is written into a hidden temporary directory and renamed into place, so a run killed
+The weights are a policy set's trained tensors (the adapters only, for LoRA). A checkpoint is written into a hidden temporary directory and renamed into place, so a run killed
 while saving leaves either the previous checkpoint or the new one, never half of one. Resuming
 loads the newest complete checkpoint; the store's steps after it are discarded and redone, so no
 step is lost or duplicated.
@@ -20,7 +20,9 @@ import torch
 STATE_FILE = "trainer_state.json"
 
 
-def save(run_dir: Path, step: int, model: Any, optimizer: Any, state: dict[str, Any], keep: int = 2) -> Path:
+def save(
+    run_dir: Path, step: int, policies: Any, optimizer: Any, state: dict[str, Any], keep: int = 2
+) -> Path:
     """Write the checkpoint of ``step`` under ``run_dir/checkpoints/step-NNNNNN`` atomically."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
@@ -28,7 +30,7 @@ def save(run_dir: Path, step: int, model: Any, optimizer: Any, state: dict[str, 
     tmp = root / f".tmp-step-{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    model.save_pretrained(tmp / "model", safe_serialization=True)
+    torch.save(policies.state(), tmp / "weights.pt")  # the trained weights of every policy
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     rng = {
         "python": random.getstate(),
@@ -58,19 +60,9 @@ def latest(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load(path: Path, model: Any, optimizer: Any) -> dict[str, Any]:
+def load(path: Path, policies: Any, optimizer: Any) -> dict[str, Any]:
     """Restore weights, optimizer and RNG states from ``path``; returns the saved trainer state."""
-    from safetensors.torch import load_file
-
-    weights: dict[str, torch.Tensor] = {}
-    for file in sorted((path / "model").glob("*.safetensors")):
-        weights.update(load_file(file))
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    tied = {k for k in missing if "lm_head" in k}
-    if set(missing) - tied or unexpected:
-        raise RuntimeError(
-            f"checkpoint {path} does not fit the model: missing {missing}, unexpected {unexpected}"
-        )
+    policies.load_state(torch.load(path / "weights.pt", weights_only=True))
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
     rng = torch.load(path / "rng.pt", weights_only=False)
     random.setstate(rng["python"])

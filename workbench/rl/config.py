@@ -36,6 +36,15 @@ class TrainConfig:
     eval_every: int = _f(
         0, "Steps between held-out evaluations; 0: only before the first and after the last."
     )
+    policies: str = _f(
+        "shared", "How policies map to weights: shared (one model), lora (an adapter per policy), separate."
+    )
+    policy_per_role: bool = _f(
+        False, "Give every trainable role its own policy (with lora: an adapter per role)."
+    )
+    lora_rank: int = _f(8, "LoRA rank (policies: lora).")
+    lora_alpha: int = _f(16, "LoRA alpha (policies: lora).")
+    lora_targets: str | list = _f("all-linear", "LoRA target modules (policies: lora).")
     # ---- rollout
     steps: int = _f(10, "Training steps (each: roll out, score, update, sync weights).")
     batch_size: int = _f(8, "Tasks per step.")
@@ -88,6 +97,8 @@ class TrainConfig:
             problems.append(
                 f"aggregation must be seq_mean_token_mean or token_mean, got {self.aggregation!r}"
             )
+        if self.policies not in ("shared", "lora", "separate"):
+            problems.append(f"policies must be shared, lora or separate, got {self.policies!r}")
         if self.backend not in ("hf", "vllm"):
             problems.append(f"backend must be hf or vllm, got {self.backend!r}")
         if not self.learning_rate > 0:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import random
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,12 +22,9 @@ from workbench.rl import checkpoint
 from workbench.rl.advantages import balance, compute_advantages
 from workbench.rl.config import TrainConfig
 from workbench.rl.metrics import learning_metrics, rollout_metrics
+from workbench.rl.policies import PolicySet, per_role_policies
 from workbench.rl.samples import from_episodes
 from workbench.rl.trainer import PolicyTrainer
-
-
-class WeightSyncError(RuntimeError):
-    """New weights could not reach the rollout backend in time."""
 
 
 def task_order(n_tasks: int, step: int, batch_size: int, seed: int) -> list[int]:
@@ -88,6 +84,8 @@ def run_training(
     random.seed(config.seed)
     topology = load_topology(config.topology) if topology is None else topology
     topology = with_sampling(topology, temperature=config.temperature)
+    if config.policy_per_role:
+        topology = per_role_policies(topology)
     if tasks is None:
         tasks, eval_tasks = load_tasks_for(config)
     eval_tasks = eval_tasks or []
@@ -99,22 +97,24 @@ def run_training(
     try:
         model, tokenizer = load_model(config.model)
         ref = copy.deepcopy(model).eval() if config.kl_coef else None
-        trainer = PolicyTrainer({name: model for name in topology.policies}, config.optim(), ref_model=ref)
-        backend = _rollout_backend(config, model, tokenizer)
+        lora = {"r": config.lora_rank, "lora_alpha": config.lora_alpha, "target_modules": config.lora_targets}
+        policies = PolicySet(topology, model, tokenizer, config.policies, lora)
+        trainer = PolicyTrainer(policies.models, config.optim(), ref_model=ref, activate=policies.activate)
+        backends = policies.backends(config.backend, config.model)
         policy_version, start = 0, 0
         latest = checkpoint.latest(run_dir)
         if latest is not None:
-            state = checkpoint.load(latest, model, trainer.optimizer)
+            state = checkpoint.load(latest, policies, trainer.optimizer)
             start, policy_version = state["step"] + 1, state["policy_version"]
             trainer.updates = state.get("updates", 0)
             log(f"resuming after step {state['step']} from {latest}")
         discarded = store.discard_steps_after(start - 1 if start else None)
         if discarded:
             log(f"discarded steps {discarded} written after the checkpoint; they are redone")
-        _sync(backend, model, run_dir, policy_version, config.sync_timeout_s)
+        policies.sync(backends, run_dir, policy_version, config.sync_timeout_s)
         store.set_status("running")
-        engine = Rollout(topology, backend, max_tokens=config.max_tokens)
-        greedy = Rollout(with_sampling(topology, temperature=0.0), backend, max_tokens=config.max_tokens)
+        engine = Rollout(topology, backends, max_tokens=config.max_tokens)
+        greedy = Rollout(with_sampling(topology, temperature=0.0), backends, max_tokens=config.max_tokens)
         status = "finished"
         for step in range(start, config.steps):
             if should_stop():
@@ -138,9 +138,10 @@ def run_training(
             )
             advantage_s = time.perf_counter() - t0
             trainer_metrics = trainer.step(samples, step)
-            model.eval()
+            for m in policies.unique_models().values():
+                m.eval()
             policy_version += 1
-            sync_s = _sync(backend, model, run_dir, policy_version, config.sync_timeout_s)
+            sync_s = policies.sync(backends, run_dir, policy_version, config.sync_timeout_s)
             metrics, roles = rollout_metrics(episodes)
             learned, learned_roles = learning_metrics(samples, stats, trainer_metrics, policy_version - 1)
             metrics.update(learned)
@@ -169,12 +170,15 @@ def run_training(
             )
             if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
                 state = {"policy_version": policy_version, "updates": trainer.updates}
-                checkpoint.save(run_dir, step, model, trainer.optimizer, state, keep=config.keep_checkpoints)
+                checkpoint.save(
+                    run_dir, step, policies, trainer.optimizer, state, keep=config.keep_checkpoints
+                )
         if status == "finished" and eval_tasks:
             with store.step(config.steps, policy_version=policy_version) as final:
                 final.log_metrics({**evaluate(greedy, eval_tasks, run_sync), "final_eval": 1.0})
         store.set_status(status)
-        backend.close()
+        for backend in {id(b): b for b in backends.values()}.values():
+            backend.close()
         return status
     except KeyboardInterrupt:
         store.set_status("stopped")
@@ -207,43 +211,3 @@ def evaluate(engine: Any, tasks: list[Any], run_sync: Callable[..., Any]) -> dic
 
 def _eval_due(config: TrainConfig, step: int) -> bool:
     return step == 0 or (config.eval_every > 0 and step % config.eval_every == 0)
-
-
-def _rollout_backend(config: TrainConfig, model: Any, tokenizer: Any) -> Any:
-    if config.backend == "hf":
-        from workbench.backends.hf import HFBackend
-
-        return HFBackend(model, tokenizer)
-    from workbench.backends import make_backend
-
-    return make_backend("vllm", config.model)
-
-
-def _sync(backend: Any, model: Any, run_dir: Path, version: int, timeout: float) -> float:
-    """Make the current weights reach the backend; returns the seconds it took."""
-    started = time.perf_counter()
-    if getattr(backend, "model", None) is model:  # hf: the backend generates with the trained object
-        backend.policy_version = version
-        return time.perf_counter() - started
-    if version == 0 and backend.policy_version == 0:
-        return 0.0  # the engine started from the same initial weights
-    directory = Path(run_dir) / "sync"
-    model.save_pretrained(directory, safe_serialization=True)
-    outcome: dict[str, Any] = {}
-
-    def reload() -> None:
-        try:
-            backend.load_weights(directory, policy_version=version)
-        except BaseException as error:  # noqa: BLE001 - reported in the caller's thread
-            outcome["error"] = error
-
-    worker = threading.Thread(target=reload, daemon=True)
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        raise WeightSyncError(
-            f"weight sync to the {backend.name} backend did not finish within {timeout:.0f} s"
-        )
-    if "error" in outcome:
-        raise WeightSyncError(f"weight sync to the {backend.name} backend failed: {outcome['error']}")
-    return time.perf_counter() - started

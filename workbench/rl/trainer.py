@@ -43,8 +43,16 @@ class OptimConfig:
 class PolicyTrainer:
     """Optimizes the policies' models on samples; ``models`` maps policy name -> model (may repeat)."""
 
-    def __init__(self, models: dict[str, torch.nn.Module], config: OptimConfig, ref_model: Any = None):
+    def __init__(
+        self,
+        models: dict[str, torch.nn.Module],
+        config: OptimConfig,
+        ref_model: Any = None,
+        activate: Any = None,
+    ):
         self.models = models
+        # switches a policy's adapter on before its forward pass (LoRA policies); default: look it up
+        self.activate = activate or models.__getitem__
         self.config = config
         self.ref_model = ref_model
         unique: dict[int, torch.nn.Parameter] = {}
@@ -121,7 +129,7 @@ class PolicyTrainer:
 
     @torch.no_grad()
     def _old_logprobs(self, samples: Sequence[Sample]) -> list[torch.Tensor]:
-        return self._score(samples, lambda s: self.models[s.policy])
+        return self._score(samples, lambda s: self.activate(s.policy))
 
     @torch.no_grad()
     def _ref_logprobs(self, samples: Sequence[Sample]) -> list[torch.Tensor]:
@@ -170,7 +178,7 @@ class PolicyTrainer:
         roles_in_order = [samples[m[0]].role for m in plan]
         for k, micro in enumerate(plan):
             batch = collate(samples, micro)
-            model = self.models[samples[micro[0]].policy]
+            model = self.activate(samples[micro[0]].policy)
             model.train()
             logps, entropy = token_logprobs(model, batch, cfg.temperature, with_entropy=True)
             terms = self._terms(samples, indices, micro, batch, logps, entropy, old, ref, denominator)

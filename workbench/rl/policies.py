@@ -1,0 +1,175 @@
+"""The trainable models behind a topology's policies, and how their weights reach the rollout backend.
+
+Three layouts (``TrainConfig.policies``):
+
+- ``shared``: one model plays every policy (MARS, MarsRL: one set of weights for all roles);
+- ``lora``: one LoRA adapter per policy on a shared frozen base (peft); the adapters are trained and
+  served by name (vLLM multi-LoRA, or the same peft object in the hf backend);
+- ``separate``: a full copy of the model per policy.
+
+``per_role_policies`` gives every trainable role its own policy, so ``lora`` becomes one adapter per role.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench.topology import Topology
+from workbench.topology.spec import Policy
+
+
+class WeightSyncError(RuntimeError):
+    """New weights could not reach the rollout backend in time."""
+
+
+def per_role_policies(topology: Topology) -> Topology:
+    """A copy of ``topology`` where each trainable role has a policy of its own (named after the role)."""
+    policies = dict(topology.policies)
+    roles = {}
+    for name, role in topology.roles.items():
+        if role.trainable and topology.policies[role.policy].model is None:
+            policies[name] = Policy()
+            role = role.model_copy(update={"policy": name})
+        roles[name] = role
+    used = {r.policy for r in roles.values()}
+    return topology.model_copy(
+        update={"policies": {k: v for k, v in policies.items() if k in used}, "roles": roles}
+    )
+
+
+class PolicySet:
+    def __init__(
+        self, topology: Topology, model: Any, tokenizer: Any, mode: str = "shared", lora: dict | None = None
+    ):
+        if mode not in {"shared", "lora", "separate"}:
+            raise ValueError(f"policies must be shared, lora or separate, got {mode!r}")
+        self.mode, self.tokenizer, self.names = mode, tokenizer, list(topology.policies)
+        self.adapters: dict[str, str | None] = dict.fromkeys(self.names)
+        if mode == "shared":
+            self.models = dict.fromkeys(self.names, model)
+        elif mode == "separate":
+            self.models = {
+                name: (model if i == 0 else copy.deepcopy(model)) for i, name in enumerate(self.names)
+            }
+        else:
+            from peft import LoraConfig, get_peft_model
+
+            options = {
+                "r": 8,
+                "lora_alpha": 16,
+                "lora_dropout": 0.0,
+                "target_modules": "all-linear",
+                **(lora or {}),
+            }
+            self.lora_rank = options["r"]
+            first, *rest = self.names
+            peft_model = get_peft_model(model, LoraConfig(**options), adapter_name=first)
+            for name in rest:
+                peft_model.add_adapter(name, LoraConfig(**options))
+            for param_name, param in peft_model.named_parameters():
+                param.requires_grad = "lora_" in param_name
+            self.models = dict.fromkeys(self.names, peft_model)
+            self.adapters = {name: name for name in self.names}
+
+    # ------------------------------------------------------------------ rollout side
+
+    def backends(self, kind: str, model_name: str) -> dict[str, Any]:
+        """A rollout backend per policy (the same object where policies share one)."""
+        if kind == "hf":
+            from workbench.backends.hf import HFBackend
+
+            made = {id(model): HFBackend(model, self.tokenizer) for model in self.unique_models().values()}
+            return {name: made[id(self.models[name])] for name in self.names}
+        from workbench.backends import make_backend
+
+        if self.mode == "separate":
+            raise ValueError(
+                "separate models per policy are served by the hf backend here; use policies: lora"
+            )
+        options = (
+            {"max_loras": len(self.names), "max_lora_rank": self.lora_rank} if self.mode == "lora" else {}
+        )
+        engine = make_backend("vllm", model_name, enable_lora=self.mode == "lora", **options)
+        return dict.fromkeys(self.names, engine)
+
+    def sync(self, backends: dict[str, Any], run_dir: Path, version: int, timeout: float) -> float:
+        """Make the current weights reach every backend; returns the seconds it took."""
+        started = time.perf_counter()
+        for backend in {id(b): b for b in backends.values()}.values():
+            if getattr(backend, "model", None) in list(self.models.values()):
+                backend.policy_version = version  # hf: generates with the trained object itself
+                continue
+            if self.mode == "lora":
+                base = Path(run_dir) / "sync" / "adapters"
+                for name in self.names:
+                    self.models[name].save_pretrained(base, selected_adapters=[name])
+                    path = base if name == "default" else base / name
+                    _with_timeout(partial(backend.add_adapter, name, path), timeout, backend.name)
+                backend.policy_version = version
+            elif version > 0 or backend.policy_version != 0:
+                directory = Path(run_dir) / "sync" / "model"
+                self.models[self.names[0]].save_pretrained(directory, safe_serialization=True)
+                reload = partial(backend.load_weights, directory, policy_version=version)
+                _with_timeout(reload, timeout, backend.name)
+        return time.perf_counter() - started
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def unique_models(self) -> dict[str, Any]:
+        seen: dict[int, str] = {}
+        for name, model in self.models.items():
+            seen.setdefault(id(model), name)
+        return {name: self.models[name] for name in seen.values()}
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The trained weights (only the adapters for lora), keyed ``policy/parameter``."""
+        out = {}
+        for name, model in self.unique_models().items():
+            for key, value in model.state_dict().items():
+                if self.mode != "lora" or "lora_" in key:
+                    out[f"{name}/{key}"] = value.detach().contiguous()
+        return out
+
+    def load_state(self, weights: dict[str, torch.Tensor]) -> None:
+        for name, model in self.unique_models().items():
+            prefix = f"{name}/"
+            mine = {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
+            missing, unexpected = model.load_state_dict(mine, strict=False)
+            expected_missing = [k for k in missing if self.mode == "lora" and "lora_" not in k]
+            expected_missing += [k for k in missing if "lm_head" in k]  # tied to the embeddings
+            if set(missing) - set(expected_missing) or unexpected:
+                raise RuntimeError(
+                    f"checkpoint does not fit policy '{name}': missing {missing[:5]}, unexpected {unexpected[:5]}"
+                )
+
+    def activate(self, policy: str) -> Any:
+        """The model of ``policy``, with its adapter switched on."""
+        model = self.models[policy]
+        if self.adapters.get(policy) is not None:
+            model.set_adapter(self.adapters[policy])
+        return model
+
+
+def _with_timeout(action: Any, timeout: float, what: str) -> None:
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            action()
+        except BaseException as error:  # noqa: BLE001 - reported in the caller's thread
+            outcome["error"] = error
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise WeightSyncError(f"weight sync to the {what} backend did not finish within {timeout:.0f} s")
+    if "error" in outcome:
+        raise WeightSyncError(f"weight sync to the {what} backend failed: {outcome['error']}")
