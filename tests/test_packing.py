@@ -3,7 +3,9 @@
 The packed log-probs, entropies and gradients of several samples in one row are compared with two
 references that share no code with ``workbench.rl.packing``: one plain unpadded forward per sample,
 and one right-padded batch forward with an attention mask (the classic path). Both models are
-checked (``tiny`` is a Qwen2, ``smollm2-135m`` a Llama), with sdpa and eager attention.
+checked (``tiny`` is a Qwen2, ``smollm2-135m`` a Llama), with sdpa and eager attention, and with
+``use_block_attention`` (``packed_sdpa``: sdpa per sample block; the references then run through its
+fallback to plain sdpa, so they check that too).
 
 Tolerances. In float64 packing is exact: log-probs, entropies and gradients agree to 1e-10 (measured
 1e-14 on smollm2). In float32, the training dtype, the matmuls of one 200-token row and of a 20-token
@@ -24,7 +26,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench.rl.binpack import BinPackingError
-from workbench.rl.packing import PackedBatch, collate, plan_micro_batches, token_logprobs
+from workbench.rl.packing import (
+    BLOCK_ATTENTION,
+    PackedBatch,
+    collate,
+    plan_micro_batches,
+    token_logprobs,
+    use_block_attention,
+)
 from workbench.rl.samples import Sample
 
 TEMPERATURE = 0.7
@@ -118,22 +127,30 @@ def test_collate_rejects_what_it_cannot_pack():
 # --- numerical equality on real models ----------------------------------------------------------
 
 
-@pytest.fixture(
-    scope="module",
-    params=[
-        "tiny:sdpa:float32",
-        "tiny:eager:float32",
-        "tiny:sdpa:float64",
-        pytest.param("smollm2-135m:sdpa:float32", marks=pytest.mark.slow),
-        pytest.param("smollm2-135m:eager:float32", marks=pytest.mark.slow),
-        pytest.param("smollm2-135m:sdpa:float64", marks=pytest.mark.slow),
-    ],
-)
+FLOAT32 = [
+    "tiny:sdpa:float32",
+    "tiny:eager:float32",
+    pytest.param("smollm2-135m:sdpa:float32", marks=pytest.mark.slow),
+    pytest.param("smollm2-135m:eager:float32", marks=pytest.mark.slow),
+]
+FLOAT64 = ["tiny:sdpa:float64", pytest.param("smollm2-135m:sdpa:float64", marks=pytest.mark.slow)]
+# use_block_attention: sdpa per sample's block in a packed row, plain sdpa for everything else
+BLOCKS = [
+    "tiny:packed_sdpa:float32",
+    "tiny:packed_sdpa:float64",
+    pytest.param("smollm2-135m:packed_sdpa:float64", marks=pytest.mark.slow),
+]
+
+
+@pytest.fixture(scope="module", params=FLOAT32 + FLOAT64 + BLOCKS)
 def model(request):
     from workbench.models import load
 
     name, attention, dtype = request.param.split(":")
-    model, _ = load(name, attn_implementation=attention, dtype=getattr(torch, dtype))
+    blocks = attention == BLOCK_ATTENTION
+    model, _ = load(name, attn_implementation="sdpa" if blocks else attention, dtype=getattr(torch, dtype))
+    if blocks:
+        assert use_block_attention(model) is model
     assert model.config._attn_implementation == attention
     assert model.get_input_embeddings().weight.dtype == getattr(torch, dtype)
     return model
@@ -212,14 +229,16 @@ def test_packed_logprobs_equal_unpadded_and_padded_forwards(model):
     _close(entropy, padded_entropy, entropy=True)
     _close(padded_logp, plain_logp)  # the two references agree to the same tolerance
     # per sample, through sample_index
-    for k, i in enumerate(order):
-        alone, _ = _plain(model, [samples[i]])
+    lengths = [len(samples[i].completion_ids) for i in order]
+    for k, alone in enumerate(plain_logp.split(lengths)):
         _close(logp[batch.sample_index == k], alone)
 
 
+@pytest.mark.parametrize("model", FLOAT32, indirect=True)
 def test_packing_without_the_boundaries_would_be_caught(model):
     """The same row with a cache (the config default): transformers skips packed detection and the
-    samples attend to each other. The comparison above would see it."""
+    samples attend to each other. The comparison above would see it. (``packed_sdpa`` splits the row
+    by its position ids whatever the cache, so it is not checked here.)"""
     samples = _random_samples(model.config.vocab_size, seed=2)
     batch = collate(samples, list(range(len(samples))))
     with torch.no_grad():
@@ -278,6 +297,7 @@ def test_packed_gradients_equal_the_sum_of_per_sample_gradients(model):
         assert error <= tolerance * scale, (name, error.item(), scale.item())
 
 
+@pytest.mark.parametrize("model", [*FLOAT32, "tiny:packed_sdpa:float32"], indirect=True)
 def test_empty_and_fully_masked_completions(model):
     vocab = model.config.vocab_size
     samples = _random_samples(vocab, seed=4, n=3)
@@ -322,3 +342,35 @@ def test_packed_batch_to_device_keeps_everything():
     moved = batch.to("cpu")
     assert isinstance(moved, PackedBatch) and moved.indices == [1, 0]
     assert torch.equal(moved.input_ids, batch.input_ids) and torch.equal(moved.mask, batch.mask)
+
+
+def test_block_attention_generates_like_sdpa():
+    """Generation (a cache, left padding) takes packed_sdpa's fallback: the same tokens as plain sdpa."""
+    from workbench.models import load
+
+    model, tokenizer = load("tiny")
+    prompts = tokenizer(
+        ["3 + 4 =", "what is the capital of"], return_tensors="pt", padding=True, padding_side="left"
+    )
+    settings_ = {"max_new_tokens": 8, "do_sample": False, "pad_token_id": model.config.pad_token_id}
+    with torch.no_grad():
+        expected = model.generate(**prompts, **settings_)
+        use_block_attention(model)
+        assert model.config._attn_implementation == BLOCK_ATTENTION
+        assert torch.equal(model.generate(**prompts, **settings_), expected)
+
+
+def test_block_attention_splits_the_row_by_itself():
+    """packed_sdpa really takes its per-block path: even with a cache, where transformers' own packed
+    detection is off and plain sdpa leaks across samples, the packed row's log-probs stay exact."""
+    from workbench.models import load
+
+    model, _ = load("tiny")
+    use_block_attention(model)
+    samples = _random_samples(model.config.vocab_size, seed=6)
+    batch = collate(samples, list(range(len(samples))))
+    with torch.no_grad():
+        logits = model(batch.input_ids, position_ids=batch.position_ids, use_cache=True).logits[0]
+        logp = torch.log_softmax(logits[batch.completion_positions] / TEMPERATURE, -1)
+        plain_logp, _ = _plain(model, samples)
+    _close(logp.gather(-1, batch.target_ids[:, None])[:, 0], plain_logp)

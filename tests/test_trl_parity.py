@@ -13,6 +13,7 @@ import random
 import pytest
 import torch
 
+from tests.trl_fixed_batch import trl_update
 from workbench.models import load
 from workbench.rl.loss import LossConfig
 from workbench.rl.samples import Sample
@@ -49,73 +50,6 @@ def _batch(vocab: int, seed: int = 0) -> list[Sample]:
     return samples
 
 
-def _trl_inputs(samples: list[Sample]) -> dict[str, torch.Tensor]:
-    p_len = max(len(s.prompt_ids) for s in samples)
-    c_len = max(len(s.completion_ids) for s in samples)
-    prompt_ids = torch.zeros(len(samples), p_len, dtype=torch.long)
-    prompt_mask = torch.zeros(len(samples), p_len, dtype=torch.long)
-    completion_ids = torch.zeros(len(samples), c_len, dtype=torch.long)
-    completion_mask = torch.zeros(len(samples), c_len, dtype=torch.long)
-    for i, s in enumerate(samples):
-        prompt_ids[i, p_len - len(s.prompt_ids) :] = torch.tensor(s.prompt_ids)  # left padding, as TRL does
-        prompt_mask[i, p_len - len(s.prompt_ids) :] = 1
-        completion_ids[i, : len(s.completion_ids)] = torch.tensor(s.completion_ids)
-        completion_mask[i, : len(s.completion_ids)] = 1
-    return {
-        "prompt_ids": prompt_ids,
-        "prompt_mask": prompt_mask,
-        "completion_ids": completion_ids,
-        "completion_mask": completion_mask,
-        "advantages": torch.tensor([s.advantage for s in samples]),
-        "num_items_in_batch": completion_mask.sum(),
-    }
-
-
-def _trl_update(model, samples: list[Sample], loss_type: str, tmp_path) -> float:
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
-    inputs = _trl_inputs(samples)
-
-    class FixedBatch(GRPOTrainer):
-        def _prepare_inputs(self, generation_batch):
-            return inputs
-
-    args = GRPOConfig(
-        output_dir=str(tmp_path / "trl"),
-        loss_type=loss_type,
-        beta=0.0,
-        learning_rate=LR,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        adam_beta1=0.9,
-        adam_beta2=0.999,
-        adam_epsilon=ADAM_EPS,
-        max_grad_norm=1.0,
-        per_device_train_batch_size=len(samples),
-        num_generations=len(samples),
-        gradient_accumulation_steps=1,
-        max_steps=1,
-        max_completion_length=max(len(s.completion_ids) for s in samples),
-        temperature=1.0,
-        report_to=[],
-        save_strategy="no",
-        logging_steps=1,
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-    )
-    trainer = FixedBatch(
-        model=model,
-        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-        args=args,
-        train_dataset=Dataset.from_dict({"prompt": ["unused"] * len(samples)}),
-    )
-    trainer.train()
-    return next(e["loss"] for e in trainer.state.log_history if "loss" in e)
-
-
 @pytest.mark.parametrize(
     ("loss_type", "aggregation"), [("grpo", "seq_mean_token_mean"), ("bnpo", "token_mean")]
 )
@@ -130,7 +64,7 @@ def test_one_update_matches_trl(model, loss_type, aggregation, tmp_path):
         loss=LossConfig(aggregation=aggregation),
     )
     metrics = PolicyTrainer({"base": ours}, config).step(samples)
-    trl_loss = _trl_update(theirs, samples, loss_type, tmp_path)
+    trl_loss = trl_update(theirs, samples, loss_type, tmp_path / "trl", LR, ADAM_EPS)
 
     assert metrics["loss"] == pytest.approx(trl_loss, abs=1e-5)
     moved = 0

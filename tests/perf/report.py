@@ -90,11 +90,61 @@ def render_backends(r: dict) -> str:
     return "\n".join(lines)
 
 
+def render_packing(r: dict) -> str:
+    lengths, m = r["lengths"], r["machine"]
+    lines = [
+        f"**Padding-free packing** ({r['mode']} mode, {r['model']}, {r['samples']} samples of long-tailed length "
+        f"({lengths['real_tokens']:,} tokens, median {lengths['median']}, max {lengths['max']}), "
+        f"<= {r['token_budget']:,} tokens a micro-batch, forward+backward, median of {r['repeats']} rounds taken "
+        f"side by side, {m['cpus']} CPUs, {r['when']}); attention scores = query-key pairs computed "
+        "(sdpa fills a masked packed row's whole T x T; `packed_blocks` runs it per sample):",
+        "",
+        "| strategy | micro-batches | tokens computed | padding | peak tokens | attention scores | "
+        "fwd+bwd | time / packed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, d in r["strategies"].items():
+        timing = (
+            f"{d['fwd_bwd_s']:.1f} s | {d['time_vs_packed']:.2f}x"
+            if d["fwd_bwd_s"] is not None
+            else f"not run (batch size {d.get('batch_size', '-')}) | -"
+        )
+        lines.append(
+            f"| {name} | {d['micro_batches']} | {d['computed_tokens']:,} | {d['padding_fraction']:.1%} | "
+            f"{d['peak_tokens']:,} | {d['attention_scores']:,} | {timing} |"
+        )
+    layout = r["layout"]
+    lines.append(
+        f"\nThe attention layout alone ({layout['description']}): masked row {layout['packed_row_s']:.2f} s "
+        f"({layout['packed_row_vs_batch']:.2f}x the batch), per-sample blocks {layout['packed_row_blocks_s']:.2f} s "
+        f"({layout['packed_row_blocks_vs_batch']:.2f}x), batch {layout['batch_s']:.2f} s. "
+        f"Same log-probs on every path: {'yes' if r['same_logprobs'] else 'no'} "
+        f"(max difference {r['max_logprob_difference']:.1e})."
+    )
+    return "\n".join(lines)
+
+
+def render_trainer(r: dict) -> str:
+    return "\n".join(
+        [
+            f"**Trainer step against TRL** ({r['mode']} mode, {r['model']}, {r['samples']} samples, "
+            f"{r['tokens']:,} tokens (TRL pads them to {r['padded_tokens_trl']:,}), mean of {r['steps']} steps after "
+            f"a warm-up, the two trainers alternating step by step, {r['machine']['cpus']} CPUs, {r['when']}):",
+            "",
+            "| workbench step | `trl.GRPOTrainer` step | ratio (target <= 1.0) |",
+            "|---|---|---|",
+            f"| {r['workbench_step_s']:.2f} s | {r['trl_step_s']:.2f} s | {r['ratio']:.2f} |",
+        ]
+    )
+
+
 RENDERERS = {
     "store": render_store,
     "binpack": render_binpack,
     "engine": render_engine,
     "backends": render_backends,
+    "packing": render_packing,
+    "trainer": render_trainer,
 }
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from workbench.rl.loss import LossConfig, LossTerms, policy_loss
-from workbench.rl.packing import collate, plan_micro_batches, token_logprobs
+from workbench.rl.packing import collate, plan_micro_batches, token_logprobs, use_block_attention
 from workbench.rl.samples import Sample
 
 
@@ -36,6 +36,7 @@ class OptimConfig:
     token_budget: int = 4096  # tokens per packed micro-batch
     temperature: float = 1.0  # logits are divided by the sampling temperature, as the engine did
     measure_role_gradients: bool = True
+    block_attention: bool = True  # attention per sample inside packed rows (no masked-out blocks computed)
     seed: int = 0
     loss: LossConfig = field(default_factory=LossConfig)
 
@@ -55,6 +56,9 @@ class PolicyTrainer:
         self.activate = activate or models.__getitem__
         self.config = config
         self.ref_model = ref_model
+        if config.block_attention:
+            for model in {id(m): m for m in models.values()}.values():
+                use_block_attention(model)
         unique: dict[int, torch.nn.Parameter] = {}
         for model in models.values():
             for p in model.parameters():

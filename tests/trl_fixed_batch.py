@@ -1,0 +1,95 @@
+"""A real ``trl.GRPOTrainer`` fed a fixed batch: the reference for the parity test and the trainer benchmark.
+
+TRL generates its own completions; here its ``_prepare_inputs`` hands it our batch instead, and everything
+after that (loss, backward, clipping, AdamW step) is TRL's own ``train()``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.rl.samples import Sample
+
+
+def trl_inputs(samples: list[Sample]) -> dict[str, torch.Tensor]:
+    p_len = max(len(s.prompt_ids) for s in samples)
+    c_len = max(len(s.completion_ids) for s in samples)
+    prompt_ids = torch.zeros(len(samples), p_len, dtype=torch.long)
+    prompt_mask = torch.zeros(len(samples), p_len, dtype=torch.long)
+    completion_ids = torch.zeros(len(samples), c_len, dtype=torch.long)
+    completion_mask = torch.zeros(len(samples), c_len, dtype=torch.long)
+    for i, s in enumerate(samples):
+        prompt_ids[i, p_len - len(s.prompt_ids) :] = torch.tensor(s.prompt_ids)  # left padding, as TRL does
+        prompt_mask[i, p_len - len(s.prompt_ids) :] = 1
+        completion_ids[i, : len(s.completion_ids)] = torch.tensor(s.completion_ids)
+        completion_mask[i, : len(s.completion_ids)] = 1
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": torch.tensor([s.advantage for s in samples]),
+        "num_items_in_batch": completion_mask.sum(),
+    }
+
+
+def trl_trainer(
+    model,
+    samples: list[Sample],
+    loss_type: str,
+    out_dir,
+    lr: float,
+    adam_eps: float,
+    steps: int = 1,
+    callbacks=(),
+):
+    """A real ``trl.GRPOTrainer`` whose every step trains on ``samples`` (no generation)."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    inputs = trl_inputs(samples)
+
+    class FixedBatch(GRPOTrainer):
+        def _prepare_inputs(self, generation_batch):
+            return inputs
+
+    args = GRPOConfig(
+        output_dir=str(out_dir),
+        loss_type=loss_type,
+        beta=0.0,
+        learning_rate=lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        adam_epsilon=adam_eps,
+        max_grad_norm=1.0,
+        per_device_train_batch_size=len(samples),
+        num_generations=len(samples),
+        gradient_accumulation_steps=1,
+        max_steps=steps,
+        max_completion_length=max(len(s.completion_ids) for s in samples),
+        temperature=1.0,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+    )
+    trainer = FixedBatch(
+        model=model,
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["unused"] * len(samples) * steps}),
+        callbacks=list(callbacks),
+    )
+    return trainer
+
+
+def trl_update(model, samples: list[Sample], loss_type: str, out_dir, lr: float, adam_eps: float) -> float:
+    """One TRL update of ``model`` on ``samples``; returns TRL's logged loss."""
+    trainer = trl_trainer(model, samples, loss_type, out_dir, lr, adam_eps)
+    trainer.train()
+    return next(e["loss"] for e in trainer.state.log_history if "loss" in e)
