@@ -206,3 +206,15 @@ def test_each_role_trains_its_own_weights(layout, tmp_path):
             assert moved, f"{role}'s own model moved"
     calls = wb.RunReader(run_dir).calls()
     assert set(calls["policy"]) == {"first", "second"}
+
+
+def test_the_cli_lists_every_config_field_and_rejects_a_bad_override(capsys):
+    from workbench.cli import main
+
+    assert main(["train", "--help-config"]) == 0
+    listed = capsys.readouterr().out
+    import dataclasses
+
+    assert all(f"{f.name} = " in listed for f in dataclasses.fields(TrainConfig))
+    assert main(["train", "--set", "group_size=0"]) == 2
+    assert "group_size must be a positive integer" in capsys.readouterr().err
