@@ -13,6 +13,8 @@ def test_bench_trainer_quick(tmp_path):
     result = run_bench("bench_trainer", "--quick", "--out", str(out))
     figures = json.loads(out.read_text())
     assert figures["workbench_step_s"] > 0 and figures["trl_step_s"] > 0
-    assert figures["ratio"] == pytest.approx(figures["workbench_step_s"] / figures["trl_step_s"], rel=0.01)
+    assert figures["ratio"] == pytest.approx(
+        figures["workbench_step_s"] / figures["trl_step_s"], rel=0.05
+    )  # both rounded
     assert figures["padded_tokens_trl"] >= figures["tokens"], "TRL pads; the workbench packs"
     assert "ratio" in result.stdout
