@@ -113,7 +113,7 @@ def ingest_raw(db: Path, n_calls: int, per_step: int, batch: int, pool: list[dic
                 (call_id, step, first_episode + i // len(ROLES), None, ROLES[i % len(ROLES)], "base", i // len(ROLES), step,
                  256, 256, 0.5 - (i % 2), json.dumps({"correct": float(i % 2), "format": 1.0}),
                  json.dumps({"queued": 0.0, "started": 0.1, "finished": 0.9, "tokens_per_s": 300.0}),
-                 None, None, None, None, None, None, b["prompt_ids"], b["completion_ids"], b["logprobs"], b["mask"], None)
+                 None, None, None, None, None, None, b["prompt_ids"], b["completion_ids"], b["logprobs"], b["mask"], None, None)
             )  # fmt: skip
         t0 = time.perf_counter()
         conn.execute("BEGIN")
