@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import time
 from pathlib import Path
 from typing import Any
 
+from tests.perf.runner import machine, now, write_json
 from workbench.backends import make_backend
 from workbench.backends.base import GenerationRequest
 
@@ -89,12 +87,8 @@ def run(model: str, kinds: list[str], n_prompts: int, max_tokens: int, repeats: 
         "max_tokens": max_tokens,
         "repeats": repeats,
         "backends": results,
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-        },
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine(),
+        "when": now(),
     }
 
 
@@ -108,8 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
     n_prompts, max_tokens, repeats = (32, 64, 1) if args.quick else (128, 128, 2)
     results = run(args.model, args.backends.split(","), n_prompts, max_tokens, repeats)
     results["mode"] = "quick" if args.quick else "full"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(args.out, results)
     return results
 
 

@@ -15,10 +15,7 @@ about 0.83 of that; the table reports that case against its known optimum too.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import platform
 import random
 import statistics
 import time
@@ -26,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.perf.runner import machine, now, write_json
 from workbench.rl.binpack import ffd_pack, ffd_pack_naive
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "binpack.json"
@@ -113,12 +111,8 @@ def run(items: int = 10_000, seeds: int = 5, repeats: int = 7) -> dict[str, Any]
         "seeds": seeds,
         "repeats": repeats,
         "distributions": out,
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-        },
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine(),
+        "when": now(),
     }
 
 
@@ -151,8 +145,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = args.out or (None if args.quick else DEFAULT_OUT)
     print(table(results))
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=2) + "\n")
+        write_json(out, results)
         print(f"results written to {out}")
     return results
 

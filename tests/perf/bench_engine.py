@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from tests.perf.runner import machine, now, write_json
 from workbench.backends import make_backend
 from workbench.backends.base import GenerationRequest
 from workbench.engine import Rollout
@@ -106,15 +104,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "tasks": n_tasks,
         "max_tokens": max_tokens,
         "backends": results,
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-        },
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine(),
+        "when": now(),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     print(f"{'backend':8} {'engine tok/s':>13} {'raw tok/s':>10} {'ratio':>6} same-tokens")
     for kind, r in results.items():
         print(

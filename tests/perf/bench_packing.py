@@ -31,7 +31,6 @@ the same log-probs. Timings on a shared 2-core machine are noisy: each round's t
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -44,6 +43,7 @@ from typing import Any
 
 import torch
 
+from tests.perf.runner import write_json
 from workbench.rl.packing import collate, plan_micro_batches, token_logprobs, use_block_attention
 from workbench.rl.samples import Sample
 
@@ -352,8 +352,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = args.out or (None if args.quick else DEFAULT_OUT)
     print(table(results))
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=2) + "\n")
+        write_json(out, results)
         print(f"results written to {out}")
     return results
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import sqlite3
 import statistics
@@ -27,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from tests.perf.runner import machine, write_json
 from workbench.store import RunReader, RunStore
 from workbench.store.schema import migrate
 from workbench.store.step import _INSERT_CALL
@@ -209,12 +208,7 @@ def run(
             "db_mb": round(db_bytes / 2**20, 1),
         },
         "queries": query_times,
-        "machine": {
-            "python": platform.python_version(),
-            "sqlite": sqlite3.sqlite_version,
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-        },
+        "machine": machine(sqlite=sqlite3.sqlite_version),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
@@ -247,8 +241,7 @@ def main(argv: list[str] | None = None) -> dict:
     n_calls = args.calls or (20_000 if args.quick else 100_000)
     results = run(n_calls, batch=args.flush_every, workdir=args.workdir)
     results["mode"] = "quick" if args.quick else "full"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(args.out, results)
     print(table(results))
     print(f"results written to {args.out}")
     return results

@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import os
-import platform
 import random
 import tempfile
 import threading
@@ -27,6 +24,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from tests.perf.runner import machine, now, write_json
 from tests.trl_fixed_batch import trl_trainer
 from workbench.models import load
 from workbench.rl.loss import LossConfig
@@ -143,15 +141,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "prompt_tokens_median": prompt,
         "completion_tokens_median": completion,
         **figures,
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-        },
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine(),
+        "when": now(),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     print(
         f"workbench {figures['workbench_step_s']} s/step, TRL {figures['trl_step_s']} s/step, "
         f"ratio {figures['ratio']} ({n} samples, {figures['tokens']} tokens)"

@@ -23,3 +23,29 @@ def run_bench(module: str, *args: str, timeout: int = 600) -> subprocess.Complet
     assert result.returncode == 0, result.stderr[-3000:]
     print(result.stdout)
     return result
+
+
+def machine(**extra: object) -> dict:
+    """What a benchmark ran on (Python, CPUs, platform, plus ``extra``), for its JSON."""
+    import platform
+
+    return {
+        "python": platform.python_version(),
+        **extra,
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+    }
+
+
+def now() -> str:
+    """The UTC time a benchmark finished, as its JSON records it."""
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def write_json(path: Path, data: dict) -> None:
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
