@@ -34,7 +34,12 @@ def smollm2_path() -> Path:
 # vLLM's CPU engine keeps its OpenMP threads busy; a torch process beside it on the same two cores slows
 # down many times over. `make test` therefore runs these tests in a phase of their own (-m vllm) after
 # the parallel phase (-m "not vllm").
-VLLM_MODULES = {"test_backend_vllm.py", "test_models_vllm.py", "test_training_vllm.py"}
+VLLM_MODULES = {
+    "test_backend_vllm.py",
+    "test_models_vllm.py",
+    "test_training_vllm.py",
+    "test_learning_tools.py",
+}
 VLLM_PARAMS = {"vllm", "openai"}
 
 

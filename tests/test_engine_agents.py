@@ -59,6 +59,34 @@ def test_mars_routes_search_through_system1_and_passes_python_straight_back(toke
     assert any(url in call.prompt_text for call in system1 for url in supporting)
 
 
+def test_mars_cpu_continues_a_prefilled_transcript_and_routes_one_document_through_system1(tokenizer, task):
+    entity = task.metadata["start"]
+
+    def script(prompt: str) -> str:
+        if prompt.rstrip().endswith("Sentence:"):
+            return f" The sentence about {entity}.\n"  # a real backend stops at the newline
+        if "<information>" in prompt.split("Question: " + task.question)[-1]:
+            return f"<answer>{task.answer}</answer>"
+        return f"<search>{entity}</search>"
+
+    backend = ScriptedBackend(tokenizer, script)
+    episode = asyncio.run(Rollout(wb.load_topology("mars_cpu"), backend).episode(task))
+    assert episode.status == "complete", episode.error
+    assert episode.answer == task.answer
+    system2, system1 = (next(c for c in episode.calls if c.role == r) for r in ("system2", "system1"))
+    # the prefill is the end of the prompt, not part of the trained completion
+    assert system2.prompt_text.endswith(f"Question: {task.question}\n")
+    assert system1.prompt_text.rstrip().endswith(f"Question: {task.question}\nSentence:")
+    assert system1.completion_text == f" The sentence about {entity}.\n"
+    assert system2.tool_calls == [{"name": "search", "arguments": {"query": entity}}]
+    # one document (top_k 1) of the task's own corpus reached System 1; its sentence came back in tags
+    assert system1.prompt_text.count("URL: kb://") == 2  # the few-shot example's and the result's
+    completion = tokenizer.decode(system2.completion_ids)
+    assert f"\n<information> The sentence about {entity}.\n</information>\n<answer>" in completion
+    assert "The sentence about" in tokenizer.decode(_owned(system2, TokenOwner.OTHER_ROLE))
+    assert system2.rewards["reward"] == 1.0 == system1.rewards["reward"]  # the outcome, broadcast
+
+
 def test_matpo_worker_runs_as_a_nested_agent_with_a_fresh_context(tokenizer, task):
     def script(prompt: str) -> str:
         if "sub-agent working on a specific part" in prompt:

@@ -15,6 +15,7 @@ TASKS = {
     "marsrl": ("arithmetic", {"level": 1}),
     "marsrl_inference": ("arithmetic", {"level": 1}),
     "mars": ("multihop", {"hops": 1}),
+    "mars_cpu": ("multihop", {"hops": 1}),
     "matpo": ("multihop", {"hops": 2}),
     "hira": ("multihop", {"hops": 2}),
     "mas_orchestra": ("masbench", {"axis": "depth", "values": 2}),
@@ -48,7 +49,7 @@ def tiny():
     return HFBackend("tiny")
 
 
-def test_the_library_has_the_five_papers_marsrls_inference_loop_and_a_debate():
+def test_the_library_has_the_five_papers_marsrls_inference_loop_mars_at_cpu_scale_and_a_debate():
     assert set(TASKS) == set(topo.library())
 
 

@@ -52,6 +52,27 @@ def test_tags_protocol_calls_one_tool_with_the_enclosed_text():
     assert p.stop == ("<|end_call_subtask|>",)
 
 
+def test_tags_protocol_options_answer_form_and_separator():
+    p = make_protocol(
+        "tags",
+        begin="<search>",
+        end="</search>",
+        tool="search",
+        argument="query",
+        result_begin="<information>",
+        result_end="</information>",
+        answer="answer_tag",
+        separator="\n",
+    )
+    assert p.parse("<search>Olvik</search>").tool_calls[0].arguments == {"query": "Olvik"}
+    assert p.parse("<answer>Ana Reyes</answer>").answer == "Ana Reyes"
+    assert p.parse("\\boxed{Ana}").answer is None  # answers come in tags here, not boxed
+    call = p.parse("<search>Olvik</search>").tool_calls[0]
+    assert p.format_result(call, "Olvik is a city.") == "\n<information>Olvik is a city.</information>\n"
+    with pytest.raises(ValueError, match="unknown answer form 'quoted'; known: answer_tag, boxed"):
+        make_protocol("tags", **{**HIRA, "answer": "quoted"})
+
+
 def test_unknown_protocol_names_the_known_ones():
     with pytest.raises(ValueError, match="json_tool_call"):
         make_protocol("smoke_signals")

@@ -233,3 +233,108 @@ def test_real_model_judges_with_the_hle_prompt():
     print(
         f"3 judgements in {elapsed:.1f}s:", [(j.score, j.verdict, j.error, j.text[:60]) for j in judgements]
     )
+
+
+# ---------------------------------------------------------------- a role's reward rule names a judge
+
+JUDGED_SPEC = {
+    "name": "judged",
+    "roles": {
+        "answerer": {
+            "messages": [{"role": "user", "content": "{{ question }}"}],
+            "parser": "boxed",
+            "reward": {"kind": "answer", "judge": "simpleqa"},
+        },
+        "reviewer": {
+            "messages": [{"role": "user", "content": "Review: {{ draft }}"}],
+            "reward": {"kind": "outcome", "judge": "hle", "format_weight": 0.1},
+        },
+    },
+    "flow": {
+        "start": "draft",
+        "answer": "{{ draft }}",
+        "nodes": {
+            "draft": {"call": "answerer", "bind": {"draft": "parsed.answer"}, "next": [{"goto": "review"}]},
+            "review": {"call": "reviewer"},
+        },
+    },
+}
+
+
+def _judged_rollout(tokenizer, answers, judge_script, judge=True):
+    from workbench.engine import Rollout
+    from workbench.tasks import Task
+    from workbench.topology import from_dict
+
+    replies = iter(answers)
+    policy = ScriptedBackend(tokenizer, lambda prompt: "fine" if "Review:" in prompt else next(replies))
+    judge_backend = RecordingBackend(tokenizer, judge_script) if judge else None
+    engine = Rollout(from_dict(JUDGED_SPEC), policy, judge=judge_backend)
+    task = Task("q0", "Which river flows through Qarvell?", "Lune", "exact")
+    episodes = run(engine.run([task], group_size=len(answers)))
+    return episodes, judge_backend
+
+
+def _judge_says(prompt: str) -> str:
+    """A judge that accepts any response naming the Lune, in the reply format of the prompt it was sent."""
+    if "[response]:" in prompt:  # HLE
+        response = prompt.split("[response]:")[-1].split("Your judgement")[0]
+        return f"extracted_final_answer: x\nreasoning: r\ncorrect: {'yes' if 'Lune' in response else 'no'}"
+    response = prompt.split("Predicted answer:")[-1].split("```")[0]  # SimpleQA
+    return "A" if "Lune" in response else "B"
+
+
+def test_a_reward_rule_can_name_an_llm_judge(tokenizer):
+    episodes, judge = _judged_rollout(
+        tokenizer, ["\\boxed{Lune, of course}", "\\boxed{the Thames}"], _judge_says
+    )
+    by_sample = {e.sample: {c.role: c.rewards for c in e.calls} for e in episodes}
+    # the answerer's own answer is judged; the reviewer gets the judged outcome of the episode's answer
+    assert by_sample[0]["answerer"]["reward"] == 1.0 and by_sample[1]["answerer"]["reward"] == 0.0
+    assert by_sample[0]["reviewer"]["accuracy"] == 1.0 and by_sample[1]["reviewer"]["accuracy"] == 0.0
+    assert by_sample[0]["reviewer"]["reward"] == pytest.approx(0.9 * 1.0 + 0.1 * 1.0)
+    assert all(r["judge_error"] == 0.0 for s in by_sample.values() for r in s.values())
+    # 2 answers + 2 outcomes, each judged once; exact match (the episode reward) scores "Lune, of course" 0
+    assert len(judge.requests) == 4
+    assert {e.reward for e in episodes} == {0.0}
+
+
+def test_an_unreadable_judgement_scores_zero_and_is_flagged(tokenizer):
+    episodes, _ = _judged_rollout(tokenizer, ["\\boxed{the Lune}"], lambda prompt: "I cannot say.")
+    rewards = {c.role: c.rewards for c in episodes[0].calls}
+    assert rewards["answerer"] == {"reward": 0.0, "accuracy": 0.0, "format": 1.0, "judge_error": 1.0}
+    assert episodes[0].status == "complete"
+
+
+def test_a_judged_rule_without_a_judge_backend_is_refused(tokenizer):
+    with pytest.raises(ValueError, match="answerer, reviewer name an LLM judge"):
+        _judged_rollout(tokenizer, ["x"], _judge_says, judge=False)
+
+
+def test_judge_names_are_validated():
+    from workbench.topology import TopologyError, from_dict
+
+    spec = {**JUDGED_SPEC, "roles": {**JUDGED_SPEC["roles"]}}
+    spec["roles"]["answerer"] = {**spec["roles"]["answerer"], "reward": {"kind": "answer", "judge": "gpt"}}
+    with pytest.raises(TopologyError, match=r"roles\.answerer\.reward\.judge.*unknown judge prompt 'gpt'"):
+        from_dict(spec)
+    spec["roles"]["answerer"]["reward"] = {"kind": "parent", "judge": "hle"}
+    with pytest.raises(TopologyError, match="needs kind outcome or answer"):
+        from_dict(spec)
+
+
+def test_a_real_model_judges_a_training_rollout(tmp_path):
+    """The tiny model on transformers as the judge of a real rollout: every call is judged, none crashes."""
+    import workbench as wb
+    from workbench.tasks import Task
+    from workbench.topology import from_dict
+
+    tasks = [Task(f"q{i}", f"What is {i} + 1?", str(i + 1), "exact") for i in range(3)]
+    result = wb.rollout(
+        from_dict(JUDGED_SPEC), tasks, model="tiny", max_tokens=8, runs_dir=tmp_path, judge="tiny"
+    )
+    calls = wb.RunReader(result.run_dir).calls()
+    assert len(calls) == 6
+    for rewards in calls["rewards"]:
+        assert set(rewards) == {"reward", "accuracy", "format", "judge_error"}
+        assert 0.0 <= rewards["reward"] <= 1.0

@@ -62,7 +62,16 @@ def rendered() -> dict[str, tuple[topo.Topology, str]]:
 
 
 def test_library_has_every_builtin() -> None:
-    assert {"marsrl", "marsrl_inference", "mars", "matpo", "hira", "mas_orchestra", "debate"} == set(LIBRARY)
+    assert {
+        "marsrl",
+        "marsrl_inference",
+        "mars",
+        "mars_cpu",
+        "matpo",
+        "hira",
+        "mas_orchestra",
+        "debate",
+    } == set(LIBRARY)
 
 
 @pytest.mark.parametrize("name", LIBRARY)

@@ -95,6 +95,13 @@ def _set(path: list, value):
             "greater than or equal to 1",
         ),
         ("mars", _set(["roles", "system2", "mode"], "telegraph"), "roles.system2.mode", "'chat' or 'raw'"),
+        ("mars_cpu", _set(["roles", "system2", "mode"], "chat"), "roles.system2.prefill", "needs mode: raw"),
+        (
+            "mars_cpu",
+            _set(["roles", "system1", "prefill"], "Text: {{ pages }}"),
+            "roles.system1.prefill",
+            "template variable 'pages' is provided by nothing",
+        ),
         (
             "mars",
             _set(["roles", "system1", "postprocess"], ["shred"]),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -129,6 +130,16 @@ def test_resume_continues_after_the_checkpoint_and_redoes_later_steps(tmp_path):
     assert reader.integrity_check() == "ok"
 
 
+class RecordingHandle:
+    """Stands in for IPython's DisplayHandle (a kernel's), keeping what it was updated with."""
+
+    def __init__(self):
+        self.updates = []
+
+    def update(self, obj):
+        self.updates.append(obj)
+
+
 def test_wb_train_returns_at_once_and_the_handle_stops_waits_and_reads_metrics(tmp_path):
     started = time.monotonic()
     run = wb.train("marsrl", config=_config(tmp_path, steps=30, checkpoint_every=2))
@@ -138,7 +149,15 @@ def test_wb_train_returns_at_once_and_the_handle_stops_waits_and_reads_metrics(t
     while run.metrics().empty and time.monotonic() < deadline:
         time.sleep(1)
     assert not run.metrics().empty, run.log()
+    # the notebook display redraws itself while the run is active, and stops once it has ended
+    handle = RecordingHandle()
+    redraw = threading.Thread(target=run.refresh, args=(handle, 0.2), daemon=True)
+    redraw.start()
+    time.sleep(1.5)
+    assert redraw.is_alive() and len(handle.updates) >= 3
     assert run.stop() == "stopped"
+    redraw.join(10)
+    assert not redraw.is_alive() and "stopped" in handle.updates[-1].data
     done = len(run.metrics())
     assert 1 <= done < 30
     assert "<svg" in run._repr_html_()

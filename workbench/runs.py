@@ -80,6 +80,7 @@ def rollout(
     run_id: str | None = None,
     seed: int = 0,
     sampling: dict[str, Any] | None = None,
+    judge: str | Backend | None = None,
 ) -> RolloutResult:
     """Run ``topology`` on every task (``group_size`` episodes each) and store the calls as step 0 of a new run.
 
@@ -87,7 +88,8 @@ def rollout(
     stores the episodes that finished, the others marked ``cancelled``.
 
     ``sampling`` overrides every role's sampling settings (e.g. ``{"temperature": 0.3}``); ``seed`` is
-    recorded with the run (the demo and CLI also seed their task generators with it).
+    recorded with the run (the demo and CLI also seed their task generators with it). ``judge`` (a model
+    name served on transformers, or a backend) scores the roles whose reward rule names an LLM judge.
     """
     from workbench.store import RunStore
 
@@ -114,7 +116,8 @@ def rollout(
     try:
         store.set_status("running")
         started = time.perf_counter()
-        engine = Rollout(topology, engine_backend, max_tokens=max_tokens)
+        judge_backend = make_backend("hf", judge) if isinstance(judge, str) else judge
+        engine = Rollout(topology, engine_backend, max_tokens=max_tokens, judge=judge_backend)
         with tqdm(total=len(tasks) * group_size, desc=f"{topology.name} rollout", unit="episode") as bar:
             episodes = run_sync(
                 lambda: engine.run(tasks, group_size=group_size, progress=lambda _: bar.update()),

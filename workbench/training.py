@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ LOG_FILE = "train.log"
 CONFIG_FILE = "train_config.yaml"
 TOPOLOGY_FILE = "topology.yaml"
 TASKS_FILE = "tasks.jsonl"
+ACTIVE = ("created", "running")
 
 
 class TrainingRun:
@@ -54,7 +56,7 @@ class TrainingRun:
             self.process.join(timeout)
         else:
             deadline = None if timeout is None else time.monotonic() + timeout
-            while self.status in {"created", "running"} and (deadline is None or time.monotonic() < deadline):
+            while self.status in ACTIVE and (deadline is None or time.monotonic() < deadline):
                 time.sleep(0.5)
         status = self.status
         if status == "failed":
@@ -86,6 +88,25 @@ class TrainingRun:
         from workbench.rl.display import run_html
 
         return run_html(self)
+
+    def _ipython_display_(self) -> None:
+        """Show the run in a notebook; while it runs, a background thread redraws it every few seconds."""
+        from IPython.display import HTML, display
+
+        handle = display(HTML(self._repr_html_()), display_id=True)
+        if self.status in ACTIVE:
+            threading.Thread(target=self.refresh, args=(handle,), daemon=True).start()
+
+    def refresh(self, handle: Any, interval: float = 3.0) -> None:
+        """Redraw ``handle`` (an IPython display handle) every ``interval`` s until the run ends."""
+        from IPython.display import HTML
+
+        while True:
+            time.sleep(interval)
+            active = self.status in ACTIVE
+            handle.update(HTML(self._repr_html_()))
+            if not active:
+                return
 
 
 def train(

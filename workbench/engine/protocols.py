@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,16 +62,23 @@ def _answer_tag(text: str) -> str | None:
     return found[-1].strip() if found else None
 
 
+def _answer_reader(kind: str) -> Callable[[str], str | None]:
+    readers = {"answer_tag": _answer_tag, "boxed": last_boxed}
+    if kind not in readers:
+        raise ValueError(f"unknown answer form '{kind}'; known: {', '.join(readers)}")
+    return readers[kind]
+
+
 class JsonToolCall(Protocol):
     name = "json_tool_call"
     stop = ("</tool_call>",)
     _call = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
 
     def __init__(self, answer: str = "answer_tag"):
-        self.answer = answer
+        self.answer = _answer_reader(answer)
 
     def parse(self, text: str) -> Actions:
-        actions = Actions(answer=_answer_tag(text) if self.answer == "answer_tag" else last_boxed(text))
+        actions = Actions(answer=self.answer(text))
         for body in self._call.findall(text):
             try:
                 data = json.loads(body.strip())
@@ -142,15 +150,27 @@ class Tags(Protocol):
 
     name = "tags"
 
-    def __init__(self, begin: str, end: str, tool: str, argument: str, result_begin: str, result_end: str):
+    def __init__(
+        self,
+        begin: str,
+        end: str,
+        tool: str,
+        argument: str,
+        result_begin: str,
+        result_end: str,
+        answer: str = "boxed",
+        separator: str = "\n\n",
+    ):
         self.begin, self.end, self.tool, self.argument = begin, end, tool, argument
         self.result_begin, self.result_end = result_begin, result_end
+        self.answer = _answer_reader(answer)
+        self.separator = separator
         self.stop = (end,)
 
     def parse(self, text: str) -> Actions:
         start = text.rfind(self.begin)
         if start < 0:
-            return Actions(answer=last_boxed(text))
+            return Actions(answer=self.answer(text))
         close = text.find(self.end, start)
         if close < 0:
             return Actions(invalid=[f"{self.begin} is never closed by {self.end}"])
@@ -160,7 +180,7 @@ class Tags(Protocol):
         return Actions(tool_calls=[ToolCall(self.tool, {self.argument: body})])
 
     def format_result(self, call: ToolCall, content: str) -> str:
-        return f"\n\n{self.result_begin}{content}{self.result_end}\n\n"
+        return f"{self.separator}{self.result_begin}{content}{self.result_end}{self.separator}"
 
 
 def make_protocol(name: str, **options: Any) -> Protocol:

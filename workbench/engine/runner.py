@@ -26,7 +26,7 @@ from workbench.engine.records import CallRecord, EpisodeRecord
 from workbench.engine.selectors import SELECTORS
 from workbench.engine.templating import evaluate as _evaluate
 from workbench.engine.templating import template
-from workbench.rewards.assign import assign, call_reward
+from workbench.rewards.assign import answer_text, assign, call_reward, judge_calls, judged_reward
 from workbench.store.codec import TokenOwner
 from workbench.topology.spec import END, AgentNode, DagNode, Flow, MapNode, Role, Topology
 
@@ -74,8 +74,17 @@ class Rollout:
         backends: dict[str, Backend] | Backend,
         max_tokens: int | None = None,
         tools: dict[str, Any] | None = None,
+        judge: Backend | None = None,
     ):
         self.topology = topology
+        judged = sorted(name for name, role in topology.roles.items() if role.reward.judge)
+        if judged and judge is None:
+            raise ValueError(
+                f"the reward rules of {', '.join(judged)} name an LLM judge; give the rollout a judge backend "
+                "(judge=..., or judge_model in the training config)"
+            )
+        self.judge = judge
+        self._judges: dict[str, Any] = {}
         if not isinstance(backends, dict):
             backends = {name: backends for name in topology.policies}
         missing = set(topology.policies) - set(backends)
@@ -98,6 +107,9 @@ class Rollout:
             (name, i): template(m.content)
             for name, role in topology.roles.items()
             for i, m in enumerate(role.messages)
+        }
+        self._prefills = {
+            name: template(role.prefill) for name, role in topology.roles.items() if role.prefill
         }
         self._answers = {
             id(flow): template(flow.answer) if flow.answer else None
@@ -130,6 +142,7 @@ class Rollout:
             record.error = f"{type(error).__name__}: {error}"
         record.variables = {k: v for k, v in variables.items() if k != "task"}
         record.calls.sort(key=lambda c: c.position)
+        await judge_calls(self.topology, record, task, self._judge)
         record.reward = assign(self.topology, record, task)
         return record
 
@@ -176,6 +189,7 @@ class Rollout:
         records = []
         for state in states:
             state.record.calls.sort(key=lambda c: c.position)
+            await judge_calls(self.topology, state.record, task, self._judge)
             state.record.reward = assign(self.topology, state.record, task)
             records.append(state.record)
         return records
@@ -202,7 +216,12 @@ class Rollout:
         if position is not None:
             call = next(c for c in record.calls if c.position == position)
             source = next((c for c in record.calls if c.position == branch.source), None)
-            call.rewards = call_reward(self.topology.roles[call.role].reward, call, source, task) or {}
+            rule = self.topology.roles[call.role].reward
+            if rule.judge is not None and rule.kind == "answer":
+                judgement = await self._judge(rule.judge).judge(task.question, answer_text(call), task.answer)
+                call.rewards = judged_reward(rule, call, judgement)
+            else:
+                call.rewards = call_reward(rule, call, source, task) or {}
             branch.reward = call.rewards.get("reward")
             branch.source = position
         self._bind(node, output, branch.variables)
@@ -352,7 +371,12 @@ class Rollout:
         role = self.topology.roles[role_name]
         position = state.reserve()
         backend = self.backends[role.policy]
-        conversation = Conversation(backend.tokenizer, self._messages(role_name, variables), mode="chat")
+        conversation = Conversation(
+            backend.tokenizer,
+            self._messages(role_name, variables),
+            mode=role.mode,
+            raw_prefix=self._prefill(role_name, variables),
+        )
         queued = time.time()
         generation = await self._generate(role, backend, conversation.ids, ())
         text = _postprocess(role, generation.text)
@@ -419,7 +443,12 @@ class Rollout:
         position = state.reserve()
         backend = self.backends[role.policy]
         protocol = make_protocol(node.protocol, **node.protocol_options)
-        conversation = Conversation(backend.tokenizer, self._messages(node.agent, variables), mode=role.mode)
+        conversation = Conversation(
+            backend.tokenizer,
+            self._messages(node.agent, variables),
+            mode=role.mode,
+            raw_prefix=self._prefill(node.agent, variables),
+        )
         queued = time.time()
         actions, generation, text = Actions(), None, ""
         tool_calls: list[dict] = []
@@ -624,6 +653,17 @@ class Rollout:
             {"role": m.role, "content": self._templates[(role_name, i)].render(variables)}
             for i, m in enumerate(role.messages)
         ]
+
+    def _judge(self, prompt: str) -> Any:
+        from workbench.rewards.judge import LLMJudge
+
+        if prompt not in self._judges:
+            self._judges[prompt] = LLMJudge(self.judge, prompt)
+        return self._judges[prompt]
+
+    def _prefill(self, role_name: str, variables: dict) -> str:
+        prefill = self._prefills.get(role_name)
+        return prefill.render(variables) if prefill else ""
 
     async def _generate(
         self, role: Role, backend: Backend, prompt_ids: list[int], stop: tuple[str, ...]

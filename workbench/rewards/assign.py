@@ -12,18 +12,24 @@ The schemes of the papers, chosen per role:
   planner's too, see ``workbench.rl.advantages``).
 - ``none``: no reward; the role is not trained.
 
+A rule may name an LLM ``judge`` prompt instead of a verifier (``outcome`` and ``answer`` rules): the
+engine awaits ``judge_calls`` before ``assign``, which keeps the rewards it finds already set.
+
 Each rewarded call gets ``rewards = {"reward", "accuracy", "format"}``; ``format_weight`` w mixes them as
 ``(1 - w) * accuracy + w * format`` (MATPO's 0.9 / 0.1).
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from workbench.rewards.verifiers import verify
 
 if TYPE_CHECKING:
     from workbench.engine.records import CallRecord, EpisodeRecord
+    from workbench.rewards.judge import LLMJudge
     from workbench.tasks import Task
     from workbench.topology import Topology
     from workbench.topology.spec import RewardRule
@@ -90,6 +96,41 @@ def assign(topology: Topology, episode: EpisodeRecord, task: Task) -> float:
             source = by_position.get(call.source) if call.source is not None else None
             call.rewards = call_reward(rule, call, source, task) or {}
     return outcome
+
+
+async def judge_calls(
+    topology: Topology, episode: EpisodeRecord, task: Task, judges: Callable[[str], LLMJudge]
+) -> None:
+    """Reward the calls whose role's rule names a judge (``judges(prompt)`` gives the judge), concurrently.
+
+    An ``outcome`` rule's episode answer is judged once per prompt; an ``answer`` rule judges each call's
+    own answer. A judge that fails scores 0 and the call's rewards carry ``judge_error = 1``.
+    """
+    outcomes: dict[str, Any] = {}
+    pending: list[tuple[CallRecord, RewardRule, Any]] = []
+    for call in episode.calls:
+        role = topology.roles.get(call.role)
+        rule = role.reward if role is not None else None
+        if call.rewards or rule is None or rule.judge is None:
+            continue
+        if rule.kind == "outcome":
+            if rule.judge not in outcomes:
+                outcomes[rule.judge] = asyncio.ensure_future(
+                    judges(rule.judge).judge(task.question, episode.answer, task.answer)
+                )
+            pending.append((call, rule, outcomes[rule.judge]))
+        else:
+            item = judges(rule.judge).judge(task.question, answer_text(call), task.answer)
+            pending.append((call, rule, asyncio.ensure_future(item)))
+    for call, rule, future in pending:
+        call.rewards = judged_reward(rule, call, await future)
+
+
+def judged_reward(rule: RewardRule, call: CallRecord, judgement: Any) -> dict[str, float]:
+    """A call's rewards from a judge's ``Judgement``."""
+    return _mix(
+        rule, judgement.score, call.format_error is None, {"judge_error": float(judgement.error is not None)}
+    )
 
 
 def _mix(rule: RewardRule, accuracy: float, well_formed: bool, extra: dict[str, Any]) -> dict[str, float]:

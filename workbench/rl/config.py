@@ -51,6 +51,14 @@ class TrainConfig:
     group_size: int = _f(4, "Samples per task (GRPO's G); grouped topologies also use it per selected input.")
     max_tokens: int | None = _f(64, "Cap on tokens per call (below each role's own limit); None: the role's.")
     temperature: float = _f(1.0, "Sampling temperature of every role during training rollouts.")
+    judge_model: str | None = _f(
+        None,
+        "Model that scores rewards whose rule names an LLM judge (reward.judge in the spec); loaded as a frozen "
+        "copy. None: no judge (a topology that needs one fails to start).",
+    )
+    judge_backend: str = _f(
+        "hf", "Backend of the judge: hf, vllm, or the base URL of an OpenAI-compatible server."
+    )
     train_roles: list | None = _f(
         None, "Roles whose samples enter the loss (MarsRL-S: [solver]); None: every trainable role."
     )
@@ -143,6 +151,16 @@ class TrainConfig:
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             lines.append(f"{f.name} = {default!r}\n    {f.metadata['help']}")
         return "\n".join(lines)
+
+    def make_judge(self) -> Any:
+        """The judge backend ``judge_model`` / ``judge_backend`` name, or None."""
+        if not self.judge_model:
+            return None
+        from workbench.backends import make_backend
+
+        if self.judge_backend.startswith(("http://", "https://")):
+            return make_backend("openai", self.judge_model, base_url=self.judge_backend)
+        return make_backend(self.judge_backend, self.judge_model)
 
     def optim(self) -> OptimConfig:
         return OptimConfig(

@@ -113,8 +113,11 @@ def run_training(
             log(f"discarded steps {discarded} written after the checkpoint; they are redone")
         policies.sync(backends, run_dir, policy_version, config.sync_timeout_s)
         store.set_status("running")
-        engine = Rollout(topology, backends, max_tokens=config.max_tokens)
-        greedy = Rollout(with_sampling(topology, temperature=0.0), backends, max_tokens=config.max_tokens)
+        judge = config.make_judge()
+        engine = Rollout(topology, backends, max_tokens=config.max_tokens, judge=judge)
+        greedy = Rollout(
+            with_sampling(topology, temperature=0.0), backends, max_tokens=config.max_tokens, judge=judge
+        )
         status = "finished"
         for step in range(start, config.steps):
             if should_stop():
@@ -177,7 +180,7 @@ def run_training(
             with store.step(config.steps, policy_version=policy_version) as final:
                 final.log_metrics({**evaluate(greedy, eval_tasks, run_sync), "final_eval": 1.0})
         store.set_status(status)
-        for backend in {id(b): b for b in backends.values()}.values():
+        for backend in {id(b): b for b in [*backends.values(), judge] if b is not None}.values():
             backend.close()
         return status
     except KeyboardInterrupt:

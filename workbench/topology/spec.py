@@ -47,6 +47,13 @@ class RewardRule(_Spec):
         ),
     )
     verifier: str | None = Field(None, description="Verifier name; None uses the task's own verifier.")
+    judge: str | None = Field(
+        None,
+        description=(
+            "An LLM judge prompt (hle, simpleqa, hira_qa, hira_webwalker, mas_orchestra) that scores the answer "
+            "instead of the verifier (outcome and answer rules); the rollout needs a judge backend."
+        ),
+    )
     format_weight: float = Field(
         0.0, ge=0.0, le=1.0, description="Reward = (1 - w) * accuracy + w * format validity (MATPO: 0.1)."
     )
@@ -77,6 +84,13 @@ class Role(_Spec):
     trainable: bool = Field(True, description="Whether this role's tokens train its policy.")
     mode: Literal["chat", "raw"] = Field(
         "chat", description="chat: turns go through the chat template; raw: text is appended (HiRA planner)."
+    )
+    prefill: str = Field(
+        "",
+        description=(
+            "raw mode: Jinja2 text the reply starts with, part of the prompt and never trained "
+            "(a few-shot transcript's next 'Question: ...' line, so a small model continues the pattern)."
+        ),
     )
     stop: list[str] = Field(default_factory=list, description="Extra stop strings for this role.")
     reward: RewardRule = Field(default_factory=RewardRule, description="How this role is rewarded.")

@@ -113,6 +113,23 @@ def check(topology: Topology) -> list[Problem]:
                 )
         if not role.messages:
             problems.append(Problem(f"{base}.messages", "a role needs at least one message"))
+        if role.prefill:
+            if role.mode != "raw":
+                problems.append(
+                    Problem(
+                        f"{base}.prefill",
+                        "a prefill needs mode: raw (chat turns are re-rendered by the template)",
+                    )
+                )
+            for var in sorted(
+                _variables(role.prefill, f"{base}.prefill", problems, expression=False) - provided
+            ):
+                problems.append(
+                    Problem(
+                        f"{base}.prefill",
+                        f"template variable '{var}' is provided by nothing; bind it in a flow node",
+                    )
+                )
         problems += _check_reward(base, role)
 
     for name, tool in topology.tools.items():
@@ -153,6 +170,21 @@ def _check_reward(base: str, role: Role) -> list[Problem]:
     if rule.verifier is not None and rule.verifier not in VERIFIERS:
         known = ", ".join(sorted(VERIFIERS))
         out.append(Problem(f"{base}.reward.verifier", f"unknown verifier '{rule.verifier}'; known: {known}"))
+    if rule.judge is not None:
+        from workbench.rewards.judge import JUDGE_PROMPTS
+
+        if rule.judge not in JUDGE_PROMPTS:
+            known = ", ".join(JUDGE_PROMPTS)
+            out.append(
+                Problem(f"{base}.reward.judge", f"unknown judge prompt '{rule.judge}'; known: {known}")
+            )
+        if rule.kind not in ("outcome", "answer"):
+            out.append(
+                Problem(
+                    f"{base}.reward.judge",
+                    f"a judge scores answers; it needs kind outcome or answer, not {rule.kind}",
+                )
+            )
     if rule.kind == "verdict" and role.parser != "verdict":
         out.append(
             Problem(
