@@ -4,7 +4,7 @@ The topology is the library's ``mars_cpu``: System 2 searches the task's knowled
 document it found, System 2 answers; both roles share one model and the trajectory's reward (token F1 of the
 answer). Training questions and held-out questions ask about disjoint sets of entities of one knowledge base,
 so a rise on the held-out set is a skill (search for the name, read the answer off the result), not a memory.
-Held-out scores are greedy, on 64 questions, before the first update and after the last; the reward must rise
+Held-out scores are greedy, on 80 questions, before the first update and after the last; the reward must rise
 by more than two standard errors (the Bernoulli bound on the variance, conservative for F1 in [0, 1]).
 vLLM's CPU build is the rollout engine (the weights reach it after every step), so this runs in the vLLM
 phase of the suite.
@@ -24,7 +24,7 @@ from workbench.tasks import generate
 from workbench.training import create
 
 
-def disjoint_split(n_held_out: int = 64) -> tuple[list[wb.Task], list[wb.Task]]:
+def disjoint_split(n_held_out: int = 80) -> tuple[list[wb.Task], list[wb.Task]]:
     """One-hop questions of one 200-entity knowledge base, split by the entity they ask about."""
     tasks = generate("multihop", 300, seed=3, hops=1, kb_seed=0, n_entities=200, verifier="f1")
     starts = sorted({t.metadata["start"] for t in tasks})
@@ -37,7 +37,7 @@ def disjoint_split(n_held_out: int = 64) -> tuple[list[wb.Task], list[wb.Task]]:
 
 def test_the_split_shares_no_entity_or_question():
     train, held_out = disjoint_split()
-    assert len(held_out) == 64 and len(train) > 150
+    assert len(held_out) == 80 and len(train) > 150
     assert not {t.metadata["start"] for t in train} & {t.metadata["start"] for t in held_out}
     assert not {t.question for t in train} & {t.question for t in held_out}
 
