@@ -371,12 +371,7 @@ class Rollout:
         role = self.topology.roles[role_name]
         position = state.reserve()
         backend = self.backends[role.policy]
-        conversation = Conversation(
-            backend.tokenizer,
-            self._messages(role_name, variables),
-            mode=role.mode,
-            raw_prefix=self._prefill(role_name, variables),
-        )
+        conversation = self._conversation(role_name, backend, variables)
         queued = time.time()
         generation = await self._generate(role, backend, conversation.ids, ())
         text = _postprocess(role, generation.text)
@@ -443,12 +438,7 @@ class Rollout:
         position = state.reserve()
         backend = self.backends[role.policy]
         protocol = make_protocol(node.protocol, **node.protocol_options)
-        conversation = Conversation(
-            backend.tokenizer,
-            self._messages(node.agent, variables),
-            mode=role.mode,
-            raw_prefix=self._prefill(node.agent, variables),
-        )
+        conversation = self._conversation(node.agent, backend, variables)
         queued = time.time()
         actions, generation, text = Actions(), None, ""
         tool_calls: list[dict] = []
@@ -661,9 +651,15 @@ class Rollout:
             self._judges[prompt] = LLMJudge(self.judge, prompt)
         return self._judges[prompt]
 
-    def _prefill(self, role_name: str, variables: dict) -> str:
+    def _conversation(self, role_name: str, backend: Backend, variables: dict) -> Conversation:
+        """A role's fresh context: its rendered messages, then its prefill in raw mode."""
         prefill = self._prefills.get(role_name)
-        return prefill.render(variables) if prefill else ""
+        return Conversation(
+            backend.tokenizer,
+            self._messages(role_name, variables),
+            mode=self.topology.roles[role_name].mode,
+            raw_prefix=prefill.render(variables) if prefill else "",
+        )
 
     async def _generate(
         self, role: Role, backend: Backend, prompt_ids: list[int], stop: tuple[str, ...]
