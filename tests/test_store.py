@@ -466,3 +466,24 @@ def test_list_runs(tmp_path):
         1,
     )
     assert b["status"] == "unreadable" and "not a SQLite database" in b["error"]
+
+
+def test_a_steps_events_are_committed_and_discarded_with_it(store):
+    with store.step(0) as step:
+        step.log_event("eval", {"tasks": {"q1": {"outcome": 1.0}}})
+    with pytest.raises(RuntimeError), store.step(1) as step:
+        step.log_event("eval", {"tasks": {}})
+        step.flush()
+        raise RuntimeError("killed")
+    with store.step(1) as step:
+        step.log_event("eval", {"tasks": {"q1": {"outcome": 0.0}}})
+    reader = store.reader()
+    evals = reader.events(kind="eval")
+    assert evals["step"].tolist() == [0, 1]
+    assert evals["payload"][1] == {"tasks": {"q1": {"outcome": 0.0}}}
+    # a resumed run discards the steps after its checkpoint: their own events go, the history stays
+    assert store.discard_steps_after(0) == [1]
+    assert reader.events(kind="eval")["step"].tolist() == [0]
+    assert reader.events(kind="step_aborted")["step"].tolist() == [1]
+    with pytest.raises(InvalidRecordError, match="event kind"), store.step(1) as step:
+        step.log_event("")

@@ -77,12 +77,13 @@ def test_config_round_trips_through_yaml_and_names_bad_fields(tmp_path):
 
 
 def test_a_marsrl_run_stores_every_step_with_advantages_metrics_and_checkpoints(tmp_path):
-    config = _config(tmp_path)
+    config = _config(tmp_path, eval_tasks=4, eval_every=0)
     run_dir = create(config)
     assert run_here(run_dir) == "finished"
     reader = wb.RunReader(run_dir)
     steps = reader.steps()
-    assert list(steps["step"]) == [0, 1] and set(steps["status"]) == {"complete"}
+    # steps 0 and 1 train; step 2 holds only the final held-out evaluation
+    assert list(steps["step"]) == [0, 1, 2] and set(steps["status"]) == {"complete"}
     calls = reader.calls()
     assert calls["advantage"].notna().all(), "every call of marsrl is rewarded and gets an advantage"
     assert set(calls["role"]) >= {"solver", "verifier1"}
@@ -95,6 +96,15 @@ def test_a_marsrl_run_stores_every_step_with_advantages_metrics_and_checkpoints(
         "step-000000",
         "step-000001",
     ]
+    # held-out scores per task, before the first update and after the last, beside their metrics
+    evals = reader.events(kind="eval")
+    assert evals["step"].tolist() == [0, 2]
+    for step, payload in zip(evals["step"], evals["payload"], strict=True):
+        scores = payload["tasks"]
+        assert len(scores) == 4 and all("solver" in s and "outcome" in s for s in scores.values())
+        row = wide.loc[step]
+        assert row["eval/accuracy"] == sum(s["outcome"] >= 1 for s in scores.values()) / 4
+        assert row["eval/solver/reward"] == pytest.approx(sum(s["solver"] for s in scores.values()) / 4)
 
 
 def test_the_policy_learns_a_reward_it_can_reach(tmp_path):

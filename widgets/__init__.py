@@ -1,0 +1,29 @@
+"""The workbench's visual side: Panel components for JupyterLab and the team dashboard.
+
+    from widgets import TopologyEditor, RunLauncher, TrajectoryBrowser, RewardMonitor, Dashboard
+
+Each is a ``pn.viewable.Viewer``: display it in a notebook cell (after ``pn.extension()``) or serve it;
+``workbench serve RUNS_DIR`` serves the Dashboard with sign-in (see widgets.serve). Imports are lazy, so
+``import widgets`` does not load Panel.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "TopologyEditor": "widgets.topology_editor",
+    "RunLauncher": "widgets.run_launcher",
+    "TrajectoryBrowser": "widgets.trajectory_browser",
+    "RewardMonitor": "widgets.reward_monitor",
+    "Dashboard": "widgets.dashboard",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'widgets' has no attribute '{name}'")
+    return getattr(importlib.import_module(_LAZY[name]), name)

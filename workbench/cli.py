@@ -129,6 +129,32 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from widgets.serve import serve
+
+    serve(
+        args.runs_dir,
+        address=args.address,
+        port=args.port,
+        users_file=args.users,
+        cookie_secret_file=args.cookie_secret_file,
+        allow_origin=args.allow_origin or None,
+        show=False,
+    )
+    return 0
+
+
+def _users(args: argparse.Namespace) -> int:
+    import getpass
+
+    from widgets.access import add_user
+
+    password = os.environ.get("WORKBENCH_PASSWORD") or getpass.getpass(f"password for {args.name}: ")
+    add_user(args.file, args.name, password, args.role)
+    print(f"{args.name} ({args.role}) written to {args.file}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workbench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -176,6 +202,26 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("runs", help="list the runs in a directory")
     p.add_argument("runs_dir", nargs="?", default="runs")
     p.set_defaults(func=_runs)
+
+    p = sub.add_parser("serve", help="serve the team dashboard over a runs directory (Panel)")
+    p.add_argument("runs_dir", nargs="?", default="runs")
+    p.add_argument(
+        "--address", default="127.0.0.1", help="bind address; anything but localhost needs --users"
+    )
+    p.add_argument("--port", type=int, default=5006)
+    p.add_argument("--users", help="users file (JSON: name -> role and password hash); see `workbench users`")
+    p.add_argument(
+        "--cookie-secret-file", help="file holding the session cookie secret (else $WORKBENCH_COOKIE_SECRET)"
+    )
+    p.add_argument("--allow-origin", action="append", help="host:port browsers use to reach the server")
+    p.set_defaults(func=_serve)
+
+    p = sub.add_parser("users", help="add a dashboard user to a users file")
+    p.add_argument("action", choices=["add"])
+    p.add_argument("file")
+    p.add_argument("name")
+    p.add_argument("--role", choices=["viewer", "operator"], default="viewer")
+    p.set_defaults(func=_users)
 
     p = sub.add_parser("demo", help="the main job: a short MarsRL rollout on the local model")
     p.add_argument("--model", default="smollm2-135m")

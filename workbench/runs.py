@@ -81,7 +81,8 @@ def rollout(
     seed: int = 0,
     sampling: dict[str, Any] | None = None,
     judge: str | Backend | None = None,
-) -> RolloutResult:
+    background: bool = False,
+) -> RolloutResult | Any:
     """Run ``topology`` on every task (``group_size`` episodes each) and store the calls as step 0 of a new run.
 
     Shows a progress bar; an interrupt (Ctrl-C, the notebook's stop button) cancels the rollout and
@@ -90,8 +91,13 @@ def rollout(
     ``sampling`` overrides every role's sampling settings (e.g. ``{"temperature": 0.3}``); ``seed`` is
     recorded with the run (the demo and CLI also seed their task generators with it). ``judge`` (a model
     name served on transformers, or a backend) scores the roles whose reward rule names an LLM judge.
+
+    ``background=True`` returns a :class:`~workbench.training.BackgroundRun` at once and rolls out in a
+    spawned process (backend and judge given by name); ``run.stop()`` cancels it, keeping finished episodes.
     """
     from workbench.store import RunStore
+    from workbench.tasks import save_jsonl
+    from workbench.training import TASKS_FILE, launch
 
     if isinstance(topology, str):
         topology = load(topology)
@@ -99,7 +105,8 @@ def rollout(
         topology = with_sampling(topology, **sampling)
     if not tasks:
         raise ValueError("no tasks to roll out: generate some with wb.generate_tasks or load a file")
-    engine_backend = make_backend(backend, model) if isinstance(backend, str) else backend
+    if background and not (isinstance(backend, str) and (judge is None or isinstance(judge, str))):
+        raise ValueError("a background rollout takes its backend and judge by name (e.g. backend='vllm')")
     config = {
         "kind": "rollout",
         "topology": to_dict(topology),
@@ -109,15 +116,65 @@ def rollout(
         "max_tokens": max_tokens,
         "seed": seed,
         "tasks": len(tasks),
+        "judge": judge if isinstance(judge, str) or judge is None else type(judge).__name__,
     }
     store = RunStore.create(
         runs_dir, config=config, run_id=run_id, name=f"{topology.name} rollout", topology=topology.name
     )
+    if background:
+        save_jsonl(tasks, store.run_dir / TASKS_FILE)
+        store.close()
+        return launch(store.run_dir, rollout_here)
+    return _roll_out(store, topology, tasks, backend, model, group_size, max_tokens, judge)
+
+
+def rollout_here(run_dir: str | Path) -> RolloutResult:
+    """Do the rollout stored in ``run_dir`` by ``rollout(..., background=True)``, in this process.
+
+    A ``STOP`` file in the run directory cancels it (what ``BackgroundRun.stop`` writes).
+    """
+    from workbench.store import RunStore
+    from workbench.tasks import load_tasks
+    from workbench.topology import from_dict
+    from workbench.training import STOP_FILE, TASKS_FILE
+
+    run_dir = Path(run_dir)
+    store = RunStore.open(run_dir)
+    c = store.config
+    tasks = load_tasks(run_dir / TASKS_FILE)
+    stop_file = run_dir / STOP_FILE
+    return _roll_out(
+        store,
+        from_dict(c["topology"]),
+        tasks,
+        c["backend"],
+        c["model"],
+        c["group_size"],
+        c["max_tokens"],
+        c.get("judge"),
+        should_stop=stop_file.exists,
+    )
+
+
+def _roll_out(
+    store: Any,
+    topology: Topology,
+    tasks: list[Task],
+    backend: str | Backend,
+    model: str,
+    group_size: int,
+    max_tokens: int | None,
+    judge: str | Backend | None,
+    should_stop: Any = None,
+) -> RolloutResult:
+    engine_backend = make_backend(backend, model) if isinstance(backend, str) else backend
     try:
         store.set_status("running")
         started = time.perf_counter()
         judge_backend = make_backend("hf", judge) if isinstance(judge, str) else judge
         engine = Rollout(topology, engine_backend, max_tokens=max_tokens, judge=judge_backend)
+        if should_stop is not None:
+            _cancel_when(should_stop, engine)
         with tqdm(total=len(tasks) * group_size, desc=f"{topology.name} rollout", unit="episode") as bar:
             episodes = run_sync(
                 lambda: engine.run(tasks, group_size=group_size, progress=lambda _: bar.update()),
@@ -129,7 +186,7 @@ def rollout(
         metrics, role_metrics = rollout_metrics(episodes)
         metrics["time/rollout_s"] = seconds
         write_step(store, 0, episodes, by_id, metrics, role_metrics)
-        store.set_status("finished")
+        store.set_status("stopped" if engine.cancelled else "finished")
     except BaseException:
         store.set_status("failed")
         raise
@@ -138,6 +195,20 @@ def rollout(
         if isinstance(backend, str):
             engine_backend.close()
     return RolloutResult(store.run_dir, episodes, rewards, seconds, metrics)
+
+
+def _cancel_when(should_stop: Any, engine: Rollout, interval: float = 0.5) -> None:
+    """Cancel ``engine`` from a watcher thread as soon as ``should_stop()`` is true."""
+    import threading
+
+    def watch() -> None:
+        while not engine.cancelled:
+            if should_stop():
+                engine.cancel()
+                return
+            time.sleep(interval)
+
+    threading.Thread(target=watch, daemon=True, name="rollout-stop-watcher").start()
 
 
 def with_sampling(topology: Topology, **overrides: Any) -> Topology:
@@ -159,9 +230,10 @@ def write_step(
     *,
     policy_version: int = 0,
     advantages: dict[tuple[int, int], float] | None = None,
+    held_out: dict | None = None,
 ) -> None:
     """Store one step: its episodes, their calls (rewards, advantages keyed by (episode index, position),
-    source links) and the step's metrics, global and per role."""
+    source links), the step's metrics, global and per role, and the held-out scores per task if any."""
     from workbench.store import TokenOwner
 
     advantages = advantages or {}
@@ -208,3 +280,5 @@ def write_step(
         step.log_metrics(metrics)
         for role, values in role_metrics.items():
             step.log_metrics(values, role=role)
+        if held_out is not None:
+            step.log_event("eval", held_out)

@@ -1,7 +1,8 @@
 """``wb.train``: launch multi-agent GRPO training from a notebook cell without blocking the kernel.
 
 Training runs in a background process (spawned, so it owns its model and threads) that writes to
-the run store; the call returns a :class:`TrainingRun` handle at once: ``run.stop()``,
+the run store; the call returns a :class:`BackgroundRun` handle at once (``wb.rollout(...,
+background=True)`` returns the same handle for a rollout): ``run.stop()``,
 ``run.wait()``, ``run.metrics()``, ``run.status``, and a rich display with per-role curves.
 ``workbench train config.yaml`` runs the same loop from a shell; ``wb.resume(run_dir)`` (or
 ``workbench train --resume RUN_DIR``) continues a stopped or killed run from its last checkpoint.
@@ -13,21 +14,22 @@ import multiprocessing
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from workbench.rl.config import TrainConfig
 
 STOP_FILE = "STOP"
-LOG_FILE = "train.log"
+LOG_FILE = "run.log"
 CONFIG_FILE = "train_config.yaml"
 TOPOLOGY_FILE = "topology.yaml"
 TASKS_FILE = "tasks.jsonl"
 ACTIVE = ("created", "running")
 
 
-class TrainingRun:
-    """A training run in a background process; everything it knows is read from the run store."""
+class BackgroundRun:
+    """A training run or rollout in a background process; everything it knows is read from the run store."""
 
     def __init__(self, run_dir: Path, process: Any = None):
         self.run_dir = Path(run_dir)
@@ -40,9 +42,13 @@ class TrainingRun:
         with RunReader(self.run_dir) as reader:
             return reader.info()["status"]
 
+    def request_stop(self) -> None:
+        """Ask the run to stop after its current step (a rollout: cancel), without waiting."""
+        (self.run_dir / STOP_FILE).touch()
+
     def stop(self, timeout: float = 120.0) -> str:
         """Ask the run to stop after its current step; waits up to ``timeout`` s, then terminates it."""
-        (self.run_dir / STOP_FILE).touch()
+        self.request_stop()
         if self.process is not None:
             self.process.join(timeout)
             if self.process.is_alive():
@@ -60,7 +66,7 @@ class TrainingRun:
                 time.sleep(0.5)
         status = self.status
         if status == "failed":
-            raise RuntimeError(f"training run {self.run_dir} failed: {self.error() or 'see ' + LOG_FILE}")
+            raise RuntimeError(f"run {self.run_dir} failed: {self.error() or 'see ' + LOG_FILE}")
         return status
 
     def error(self) -> str | None:
@@ -82,7 +88,7 @@ class TrainingRun:
         return path.read_text() if path.exists() else ""
 
     def __repr__(self) -> str:
-        return f"TrainingRun({self.run_dir}, status={self.status})"
+        return f"BackgroundRun({self.run_dir}, status={self.status})"
 
     def _repr_html_(self) -> str:
         from workbench.rl.display import run_html
@@ -114,7 +120,7 @@ def train(
     tasks: list[Any] | None = None,
     config: TrainConfig | dict[str, Any] | str | Path | None = None,
     **overrides: Any,
-) -> TrainingRun:
+) -> BackgroundRun:
     """Start training ``topology`` on ``tasks`` in a background process and return its handle at once.
 
     ``config`` is a :class:`TrainConfig`, a dict, or a YAML file; keyword ``overrides`` set fields.
@@ -134,16 +140,16 @@ def train(
         (run_dir / TOPOLOGY_FILE).write_text(to_yaml(topology))
     if tasks is not None:
         save_jsonl(tasks, run_dir / TASKS_FILE)
-    return _launch(run_dir)
+    return launch(run_dir, run_here)
 
 
-def resume(run_dir: str | Path, **overrides: Any) -> TrainingRun:
+def resume(run_dir: str | Path, **overrides: Any) -> BackgroundRun:
     """Continue a stopped or killed run from its newest checkpoint, in a background process."""
     run_dir = Path(run_dir)
     config = TrainConfig.from_dict({**TrainConfig.from_yaml(run_dir / CONFIG_FILE).to_dict(), **overrides})
     (run_dir / CONFIG_FILE).write_text(config.to_yaml())
     (run_dir / STOP_FILE).unlink(missing_ok=True)
-    return _launch(run_dir)
+    return launch(run_dir, run_here)
 
 
 def _config(config: Any, overrides: dict[str, Any]) -> TrainConfig:
@@ -158,19 +164,22 @@ def _config(config: Any, overrides: dict[str, Any]) -> TrainConfig:
     return TrainConfig.from_dict({**data, **overrides})
 
 
-def _launch(run_dir: Path) -> TrainingRun:
+def launch(run_dir: Path, work: Callable[[Path], Any]) -> BackgroundRun:
+    """Run ``work(run_dir)`` (a module-level function) in a spawned process; returns its handle at once."""
     context = multiprocessing.get_context("spawn")
-    process = context.Process(target=_child, args=(str(run_dir),), name=f"workbench-train-{run_dir.name}")
+    process = context.Process(
+        target=_child, args=(str(run_dir), work), name=f"workbench-{work.__name__}-{run_dir.name}"
+    )
     process.start()
-    return TrainingRun(run_dir, process)
+    return BackgroundRun(run_dir, process)
 
 
-def _child(run_dir: str) -> None:
+def _child(run_dir: str, work: Callable[[Path], Any]) -> None:
     """The background process: output goes to the run's log, never into the notebook."""
     path = Path(run_dir)
     with open(path / LOG_FILE, "a", buffering=1) as log:
         sys.stdout = sys.stderr = log
-        run_here(path)
+        work(path)
 
 
 def run_here(run_dir: str | Path) -> str:

@@ -123,6 +123,10 @@ class Rollout:
         """Stop starting new generations and tool calls; running episodes end as ``cancelled``."""
         self._cancelled.set()
 
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
     # ------------------------------------------------------------------ episodes
 
     async def episode(self, task: Task, sample: int = 0) -> EpisodeRecord:
@@ -181,7 +185,10 @@ class Rollout:
                 if first:
                     template = self._answers[id(flow)]
                     record = branch.state.record
-                    record.answer = template.render(branch.variables).strip() if template is not None else ""
+                    ended = record.status != "complete"  # cancelled or failed before its first output
+                    record.answer = (
+                        "" if ended or template is None else template.render(branch.variables).strip()
+                    )
                     record.variables = {k: v for k, v in branch.variables.items() if k != "task"}
                 if goto is not None and goto != END:
                     frontier.setdefault(goto, []).append(branch)

@@ -21,6 +21,7 @@ from typing import Any
 from workbench.rl import checkpoint
 from workbench.rl.advantages import balance, compute_advantages
 from workbench.rl.config import TrainConfig
+from workbench.rl.evaluation import evaluate
 from workbench.rl.metrics import learning_metrics, rollout_metrics
 from workbench.rl.policies import PolicySet, per_role_policies
 from workbench.rl.samples import from_episodes
@@ -153,8 +154,10 @@ def run_training(
             metrics.update(
                 {"time/rollout_s": rollout_s, "time/advantages_s": advantage_s, "time/weight_sync_s": sync_s}
             )
+            held_out = None
             if eval_tasks and _eval_due(config, step):
-                metrics.update(evaluate(greedy, eval_tasks, run_sync))
+                eval_metrics, held_out = evaluate(greedy, eval_tasks, run_sync)
+                metrics.update(eval_metrics)
             metrics["time/step_s"] = time.perf_counter() - started
             advantages = {(s.episode, s.position): s.advantage for s in samples}
             write_step(
@@ -166,6 +169,7 @@ def run_training(
                 roles,
                 policy_version=policy_version - 1,
                 advantages=advantages,
+                held_out=held_out,
             )
             log(
                 f"step {step}: reward {metrics['reward/mean']:.3f}, loss {metrics.get('loss', 0.0):.4f}, "
@@ -177,8 +181,10 @@ def run_training(
                     run_dir, step, policies, trainer.optimizer, state, keep=config.keep_checkpoints
                 )
         if status == "finished" and eval_tasks:
+            eval_metrics, held_out = evaluate(greedy, eval_tasks, run_sync)
             with store.step(config.steps, policy_version=policy_version) as final:
-                final.log_metrics({**evaluate(greedy, eval_tasks, run_sync), "final_eval": 1.0})
+                final.log_metrics({**eval_metrics, "final_eval": 1.0})
+                final.log_event("eval", held_out)
         store.set_status(status)
         for backend in {id(b): b for b in [*backends.values(), judge] if b is not None}.values():
             backend.close()
@@ -196,20 +202,6 @@ def run_training(
         raise
     finally:
         store.close()
-
-
-def evaluate(engine: Any, tasks: list[Any], run_sync: Callable[..., Any]) -> dict[str, float]:
-    """Greedy held-out scores: the outcome accuracy and each rewarded role's mean reward."""
-    episodes = run_sync(lambda: engine.run(tasks, group_size=1))
-    out = {"eval/accuracy": sum((e.reward or 0.0) >= 1.0 for e in episodes) / len(episodes)}
-    per_role: dict[str, list[float]] = {}
-    for episode in episodes:
-        for call in episode.calls:
-            if call.rewards:
-                per_role.setdefault(call.role, []).append(call.rewards.get("reward", 0.0))
-    for role, values in per_role.items():
-        out[f"eval/{role}/reward"] = sum(values) / len(values)
-    return out
 
 
 def _eval_due(config: TrainConfig, step: int) -> bool:

@@ -529,6 +529,15 @@ class StepWriter:
                 "INSERT INTO metrics (id, step, role, name, value, ts) VALUES (?, ?, ?, ?, ?, ?)", rows
             )
 
+    def log_event(self, kind: str, payload: Any = None) -> None:
+        """Record an event that belongs to this step: committed with it, discarded with it."""
+        if not isinstance(kind, str) or not kind:
+            raise InvalidRecordError(f"event kind must be a non-empty string, got {kind!r}")
+        store = self._store
+        with store._mutex, sqlite_errors(store.db_path):
+            self._writable()
+            store._insert_event(kind, payload, self.index)
+
     def __repr__(self) -> str:
         return f"StepWriter(step={self.index}, {self._state}, episodes={len(self._episodes)})"
 

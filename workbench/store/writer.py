@@ -42,6 +42,10 @@ RUN_STATUSES = ("created", "running", "finished", "failed", "stopped")
 
 Synchronous = Literal["NORMAL", "FULL"]
 
+#: Events that record what happened to a step; they outlive the step's rows (any other event logged
+#: with a step index belongs to that step and is discarded with it).
+HISTORY_EVENTS = ("step_aborted", "partial_step_discarded")
+
 
 def _lock(paths: RunPaths) -> FileLock:
     lock = FileLock(str(paths.lock))
@@ -378,5 +382,9 @@ class RunStore:
         counts = {"step": index}
         for table in ("calls", "metrics", "episodes"):
             counts[table] = self._conn.execute(f"DELETE FROM {table} WHERE step = ?", (index,)).rowcount
+        counts["events"] = self._conn.execute(
+            f"DELETE FROM events WHERE step = ? AND kind NOT IN ({', '.join('?' * len(HISTORY_EVENTS))})",
+            (index, *HISTORY_EVENTS),
+        ).rowcount
         self._conn.execute("DELETE FROM steps WHERE step = ?", (index,))
         return counts

@@ -1,0 +1,122 @@
+"""The widgets in a real JupyterLab: a notebook run in the browser renders them, and they answer clicks and data.
+
+A JupyterLab server starts in a subprocess over a temporary directory holding a run and a notebook that
+shows the RewardMonitor of that run, an ipywidgets slider and a Panel button wired to a Python callback.
+Chromium opens the notebook and runs every cell through JupyterLab's own command; the test then checks
+what the browser shows: the monitor's plots and current step, the slider, and the button's round trip
+through the kernel (the pane's text changes after a click). Then it writes a new step to the run and the
+monitor in the page shows it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from tests.browser.conftest import free_port, screenshot, wait_until_up
+from workbench.store import RunStore
+
+CELLS = [
+    "import panel as pn\nimport ipywidgets as w\npn.extension(inline=True)\n"
+    "from widgets.reward_monitor import RewardMonitor\nfrom widgets.run_launcher import RunLauncher",
+    "monitor = RewardMonitor(RUN_DIR, interval_ms=500)\nmonitor",
+    "w.IntSlider(value=3, min=0, max=10, description='group size')",
+    "button = pn.widgets.Button(name='Count', css_classes=['nb-count'])\n"
+    "shown = pn.pane.HTML('<span class=\"nb-text\">clicks 0</span>', css_classes=['nb-out'])\n"
+    "def count(event):\n"
+    "    shown.object = f'<span class=\"nb-text\">clicks {button.clicks}</span>'\n"
+    "button.on_click(count)\npn.Row(button, shown)",
+    "RunLauncher(RUNS_DIR, mode='rollout', model='tiny')",
+]
+
+
+def _step(store: RunStore, index: int) -> None:
+    with store.step(index) as step:
+        step.log_metrics({"reward/mean": 0.1 * index}, role="solver")
+
+
+@pytest.fixture
+def lab(tmp_path):
+    runs = tmp_path / "runs"
+    store = RunStore.create(runs, config={"kind": "train"}, name="notebook run")
+    _step(store, 0)
+    notebook = nbformat.v4.new_notebook()
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    setup = f"RUNS_DIR = {str(runs)!r}\nRUN_DIR = {str(store.run_dir)!r}"
+    notebook.cells = [nbformat.v4.new_code_cell(setup), *(nbformat.v4.new_code_cell(c) for c in CELLS)]
+    nbformat.write(notebook, tmp_path / "widgets.ipynb")
+    port, token = free_port(), secrets.token_hex(16)
+    env = {
+        **os.environ,
+        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "lab-settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "lab-workspaces"),
+        "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]),
+    }
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}",
+            "--LabApp.expose_app_in_browser=True", "--ServerApp.open_browser=False", "--allow-root",
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    try:
+        wait_until_up(f"http://127.0.0.1:{port}/api?token={token}", process, timeout=120)
+        yield f"http://127.0.0.1:{port}/lab/tree/widgets.ipynb?token={token}", store
+    finally:
+        process.terminate()
+        process.communicate(timeout=30)
+        store.close()
+
+
+def _accept_dialogs(page) -> None:
+    """JupyterLab may ask which kernel to start (once per fresh settings directory): take the default."""
+    page.wait_for_timeout(1000)
+    while page.locator(".jp-Dialog .jp-mod-accept").count():
+        page.locator(".jp-Dialog .jp-mod-accept").first.click()
+        page.wait_for_timeout(500)
+
+
+def test_widgets_render_and_respond_in_jupyterlab(lab, page):
+    url, store = lab
+    failed_loads = []
+    page.on("requestfailed", lambda request: failed_loads.append(request.url))
+    page.goto(url, wait_until="domcontentloaded")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+    page.wait_for_function(
+        "window.jupyterapp && window.jupyterapp.commands.hasCommand('notebook:run-all-cells')"
+    )
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+    for _ in range(6):  # the kernel can report idle before its session is ready: ask again until cells run
+        _accept_dialogs(page)
+        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+        try:
+            page.wait_for_selector(".jp-InputPrompt:has-text('[1]')", timeout=10_000)
+            break
+        except Exception:  # noqa: BLE001 - playwright's TimeoutError: not started yet
+            continue
+    # the RewardMonitor rendered its plots and the run's step
+    page.wait_for_selector('.wb-step[data-step="0"]', timeout=30_000)
+    assert page.locator(".wb-monitor-plot").count() >= 4
+    # the ipywidgets slider rendered
+    page.wait_for_selector(".widget-slider", timeout=60_000)
+    assert "group size" in page.locator(".widget-slider").first.inner_text()
+    # the Panel button answers through the kernel
+    page.wait_for_selector(".nb-count button", timeout=60_000)
+    _accept_dialogs(page)
+    page.locator(".nb-count button").click()
+    page.locator(".nb-text", has_text="clicks 1").first.wait_for(timeout=30_000)
+    assert page.locator(".nb-text").first.inner_text() == "clicks 1"
+    # the launcher form rendered with its buttons
+    assert page.locator(".wb-launch button").count() == 1
+    # a step written now appears in the live monitor
+    _step(store, 1)
+    page.wait_for_selector('.wb-step[data-step="1"]', timeout=30_000)
+    screenshot(page, "jupyterlab-widgets")
+    # with pn.extension(inline=True) no script comes from a CDN (Panel still links a few stylesheets there)
+    assert not [u for u in failed_loads if u.split("?")[0].endswith(".js")], failed_loads

@@ -1,0 +1,99 @@
+"""The dashboard's operator requests over HTTP: launch a run, stop a run; refused to anyone but an operator.
+
+``POST /api/runs`` (a JSON body of RunLauncher fields) starts a rollout or training run; ``POST
+/api/runs/<run_id>/stop`` asks a run to stop. Both read the user from the signed session cookie on
+the server and answer 401 without one and 403 for a viewer, whatever the request says. Bodies must be
+``application/json``, which a cross-site form cannot send (no CSRF through a signed-in browser).
+Without a users file (a dashboard bound to localhost only) the local user is the operator.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from tornado.web import RequestHandler
+
+from widgets.access import Users
+from widgets.login import signed_in_user
+
+log = logging.getLogger("workbench.dashboard")
+
+
+class OperatorHandler(RequestHandler):
+    runs_dir: Path
+    users: Users | None
+
+    def _operator(self) -> str | None:
+        """The signed-in operator's name, or None after answering 401/403/415."""
+        if self.users is None:
+            user, role = "local", "operator"
+        else:
+            user = signed_in_user(self, self.users)
+            role = self.users.role(user)
+        if user is None:
+            self._error(401, "sign in first")
+            return None
+        if role != "operator":
+            log.warning("refused %s %s to %s (%s)", self.request.method, self.request.path, user, role)
+            self._error(403, f"user {user!r} is a {role}; only operators may launch or stop runs")
+            return None
+        if not self.request.headers.get("Content-Type", "").startswith("application/json"):
+            self._error(415, "send the request as application/json")
+            return None
+        return user
+
+    def _error(self, status: int, message: str) -> None:
+        self.set_status(status)
+        self.finish({"error": message})
+
+    def check_xsrf_cookie(self) -> None:  # the JSON content type stands in for an XSRF token
+        pass
+
+
+class StopHandler(OperatorHandler):
+    def post(self, run_id: str) -> None:
+        from workbench.store.errors import StoreError
+        from workbench.store.layout import check_run_id
+        from workbench.training import BackgroundRun
+
+        if self._operator() is None:
+            return
+        try:
+            check_run_id(run_id)
+        except StoreError as error:
+            self._error(400, str(error))
+            return
+        run_dir = self.runs_dir / run_id
+        if not run_dir.is_dir():
+            self._error(404, f"no run {run_id!r} in {self.runs_dir}")
+            return
+        BackgroundRun(run_dir).request_stop()
+        self.finish({"run": run_id, "stop": "requested"})
+
+
+class LaunchHandler(OperatorHandler):
+    def post(self) -> None:
+        from widgets.run_launcher import RunLauncher
+
+        if self._operator() is None:
+            return
+        try:
+            fields: dict[str, Any] = json.loads(self.request.body or b"{}")
+            launcher = RunLauncher(runs_dir=self.runs_dir, **fields)
+            handle = launcher.launch()
+        except (ValueError, TypeError) as error:
+            self._error(400, f"{type(error).__name__}: {error}")
+            return
+        self.finish({"run": handle.run_dir.name, "status": launcher.status})
+
+
+def operator_routes(runs_dir: Path, users: Users | None) -> list[tuple[str, type, dict]]:
+    """Tornado routes for ``pn.serve(extra_patterns=...)``."""
+    bound = {"runs_dir": Path(runs_dir), "users": users}
+    return [
+        (r"/api/runs/([^/]+)/stop", type("BoundStop", (StopHandler,), bound), {}),
+        (r"/api/runs", type("BoundLaunch", (LaunchHandler,), bound), {}),
+    ]
