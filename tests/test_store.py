@@ -487,3 +487,16 @@ def test_a_steps_events_are_committed_and_discarded_with_it(store):
     assert reader.events(kind="step_aborted")["step"].tolist() == [1]
     with pytest.raises(InvalidRecordError, match="event kind"), store.step(1) as step:
         step.log_event("")
+
+
+def test_text_after_a_nul_stays_searchable(store):
+    """SQLite's LIKE stops at a NUL: stored text has U+FFFD there, the token ids stay exact."""
+    with store.step(0) as step:
+        episode = step.add_episode()
+        step.add_call(**_call(episode, completion_text="noise\x00 then the bug report", prompt_text="a\x00b"))
+    reader = store.reader()
+    (text,) = reader.calls()["completion_text"]
+    assert text == "noise\ufffd then the bug report"
+    found = reader.sql("SELECT count(*) AS n FROM calls WHERE completion_text LIKE '%bug report%'")
+    assert found["n"].tolist() == [1]
+    assert reader.calls()["prompt_text"].tolist() == ["a\ufffdb"]

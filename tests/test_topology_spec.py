@@ -236,3 +236,12 @@ def test_unreachable_node_is_reported():
 def test_unknown_builtin_names_the_choices():
     with pytest.raises(FileNotFoundError, match="marsrl"):
         topo.load("no-such-topology")
+
+
+def test_a_branch_after_an_unconditional_one_is_never_taken_and_is_reported():
+    data = _marsrl()
+    data["flow"]["nodes"]["solve"]["next"] = [{"goto": "verify1"}, {"goto": "end", "when": "answer"}]
+    with pytest.raises(topo.TopologyError) as info:
+        topo.from_dict(data)
+    (problem,) = [p for p in info.value.problems if p.path == "flow.nodes.solve.next[1]"]
+    assert "never taken" in problem.message and "unconditional branch last" in problem.message

@@ -67,6 +67,9 @@ def test_sign_in_is_required_beyond_localhost(tmp_path, monkeypatch):
     short.write_text("abc")
     with pytest.raises(AccessError, match="shorter than 32 characters"):
         cookie_secret(short)
+    monkeypatch.setenv("WORKBENCH_COOKIE_SECRET", "k" * 31)
+    with pytest.raises(AccessError, match=r"WORKBENCH_COOKIE_SECRET is shorter than 32"):
+        cookie_secret()  # a short secret is refused, not silently replaced
     monkeypatch.setenv("WORKBENCH_COOKIE_SECRET", "k" * 40)
     assert cookie_secret() == "k" * 40
     monkeypatch.delenv("WORKBENCH_COOKIE_SECRET")

@@ -45,6 +45,12 @@ def test_canvas_edits_change_the_spec_and_errors_land_on_their_node():
     editor.connect("step:correct1", "step:critique")
     assert editor.spec["flow"]["nodes"]["critique"]["call"] == "critic"
     assert {b["goto"] for b in editor.spec["flow"]["nodes"]["correct1"]["next"]} == {"verify2", "critique"}
+    editor.connect("step:critique", "step:end")
+    editor.connect("step:critique", "step:verify2", when="'error' in answer")  # drawn after the 'always' edge
+    assert editor.spec["flow"]["nodes"]["critique"]["next"] == [
+        {"goto": "verify2", "when": "'error' in answer"},  # tried first, or it would never be taken
+        {"goto": "end", "when": None},
+    ]
     with pytest.raises(ValueError, match="already a role called 'critic'"):
         editor.add("role", "critic")
     with pytest.raises(ValueError, match="means nothing"):

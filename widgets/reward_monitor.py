@@ -20,6 +20,7 @@ import pandas as pd
 import panel as pn
 import param
 
+from widgets.live import PeriodicRefresh
 from workbench.store import RunReader
 
 #: Run-wide rows are stored with no role; their curve is labelled this.
@@ -96,7 +97,7 @@ def _overlay(data: pd.DataFrame, title: str) -> hv.Overlay:
     )
 
 
-class RewardMonitor(pn.viewable.Viewer):
+class RewardMonitor(PeriodicRefresh, pn.viewable.Viewer):
     """Live per-role curves of one run; display it in a notebook or serve it with Panel."""
 
     run_dir = param.String(doc="The run directory to follow.")
@@ -136,15 +137,8 @@ class RewardMonitor(pn.viewable.Viewer):
         )
         return arrived
 
-    def start(self) -> None:
-        """Poll every ``interval_ms`` (served, or in a notebook with a live kernel)."""
-        if self._callback is None:
-            self._callback = pn.state.add_periodic_callback(self.poll, period=self.interval_ms)
-
-    def stop(self) -> None:
-        if self._callback is not None:
-            self._callback.stop()
-            self._callback = None
+    def _tick(self) -> None:
+        self.poll()
 
     def close(self) -> None:
         self.stop()

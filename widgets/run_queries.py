@@ -1,32 +1,108 @@
 """Server-side queries of the trajectory views: each answers one page or one episode, never a whole run.
 
-Every function takes a read-only ``RunReader`` and runs one indexed SQL query (``episodes_by_step``,
-``calls_by_episode``, ``calls_by_step``), so a run with 100k calls answers as fast as a small one: the
-steps list, one page of a step's episodes with filters, one episode's call tree without its token
-arrays, and one call's tokens.
+Every function takes a read-only ``RunReader`` and runs a few indexed SQL queries, so a run with 100k
+calls answers about as fast as a small one (``python -m tests.perf.bench_dashboard_queries``):
+
+    steps(reader)                           # one row per step: episodes, calls, mean episode reward
+    roles(reader)                           # the roles that have calls, for the role filter
+    episodes_page(reader, step, page, size, EpisodeFilter(role="verifier1", search="Wrong"))
+    call_tree(reader, episode_id)           # the episode's calls nested by parent, no token arrays
+    call_tokens(reader, call_id)            # one call's prompt and completion token by token
+
+Indexes used (``workbench/store/schema.py``): ``episodes_by_step`` for a step's episodes and their
+count, ``calls_by_episode`` for an episode's calls (the tree, the per-episode filters and counts),
+``calls_by_step`` (covering) for the calls per step, ``calls_by_role`` for the roles list. The text
+search has no index: it reads the prompt and completion text of the calls of the step it searches.
+
+Token text comes from the run's tokenizer (the config's ``model``, resolved through
+``workbench.models``, loaded once per model); where none can be loaded, a token shows as ``⟨id⟩``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cache
+import math
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import pandas as pd
 
-from workbench.store import RunReader
-from workbench.store.codec import FLOAT_DTYPE, IDS_DTYPE, MASK_DTYPE, decode_array, loads
+from workbench.store import RunReader, TokenOwner
 
 PAGE_SIZE = 50
-TREE_COLUMNS = (
+#: Longest error text an episode row carries (the full text is in the store).
+ERROR_PREVIEW = 200
+#: Characters of a call's completion shown next to its role in the tree.
+PREVIEW_CHARS = 120
+
+_TREE_COLUMNS = (
     "id, parent_id, source_id, role, policy, position, policy_version, n_prompt, n_completion, advantage, "
-    "rewards, format_error, action, tool_calls, tool_results"
+    f"rewards, timings, format_error, action, tool_calls, tool_results, substr(completion_text, 1, {PREVIEW_CHARS}) "
+    "AS preview"
+)
+_TOKEN_COLUMNS = (
+    "id, episode_id, role, policy, policy_version, advantage, prompt_text, completion_text, prompt_ids, "
+    "completion_ids, logprobs, mask, token_advantages"
 )
 
 
+# ---------------------------------------------------------------------------------------------- helpers
+def _value(value: Any) -> Any:
+    """A pandas cell as a plain Python value: NA/NaN become None, numpy scalars Python ones."""
+    if value is None or value is pd.NA:
+        return None
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value.item() if hasattr(value, "item") and not isinstance(value, (str, bytes)) else value
+
+
+def _int(value: Any) -> int | None:
+    value = _value(value)
+    return None if value is None else int(value)
+
+
+def _float(value: Any) -> float | None:
+    value = _value(value)
+    return None if value is None else float(value)
+
+
+def _like(text: str) -> str:
+    """``text`` as a LIKE pattern matching it anywhere (``%``, ``_`` and ``\\`` taken literally)."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+# ---------------------------------------------------------------------------------------------- steps
+def steps(reader: RunReader) -> pd.DataFrame:
+    """One row per step (the one being written included): step, status, policy_version, started_at,
+    finished_at, episodes, calls and mean_reward (mean episode reward; NaN where none is stored)."""
+    return reader.sql(
+        "SELECT s.step, s.status, s.policy_version, s.started_at, s.finished_at, "
+        "(SELECT count(*) FROM episodes e WHERE e.step = s.step) AS episodes, "
+        "(SELECT count(*) FROM calls c WHERE c.step = s.step) AS calls, "
+        "(SELECT avg(e.reward) FROM episodes e WHERE e.step = s.step) AS mean_reward "
+        "FROM steps s ORDER BY s.step"
+    )
+
+
+def roles(reader: RunReader) -> list[str]:
+    """The roles that have calls in the run, sorted (what the role filter offers)."""
+    return [str(r) for r in reader.sql("SELECT DISTINCT role FROM calls ORDER BY role")["role"]]
+
+
+# ---------------------------------------------------------------------------------------------- episodes
 @dataclass(frozen=True)
 class EpisodeFilter:
-    """What a page of episodes is narrowed to; empty fields do not filter."""
+    """What a page of episodes is narrowed to; fields left empty do not filter.
+
+    ``min_reward``/``max_reward`` bound the episode's reward (episodes with none never pass a bound).
+    The call conditions (``role``, ``format_failures``, ``search``) must all hold for one and the same
+    call of the episode: ``role="verifier1", search="Wrong"`` finds episodes where a verifier1 call
+    says "Wrong". ``search`` looks in the calls' prompt and completion text, case-insensitively for
+    ASCII letters (SQL ``LIKE``; ``%`` and ``_`` are taken literally).
+    """
 
     role: str | None = None
     min_reward: float | None = None
@@ -34,130 +110,276 @@ class EpisodeFilter:
     format_failures: bool = False
     search: str | None = None
 
-    def where(self) -> tuple[str, list[Any]]:
-        clauses, params = ["e.step = ?", "e.status != 'running'"], []
+    def clauses(self) -> tuple[list[str], list[Any]]:
+        """SQL conditions on ``episodes e`` and their parameters."""
+        clauses: list[str] = []
+        params: list[Any] = []
         if self.min_reward is not None:
             clauses.append("e.reward >= ?")
             params.append(float(self.min_reward))
         if self.max_reward is not None:
             clauses.append("e.reward <= ?")
             params.append(float(self.max_reward))
-        calls, call_params = [], []
+        calls: list[str] = []
         if self.role:
             calls.append("c.role = ?")
-            call_params.append(self.role)
+            params.append(str(self.role))
         if self.format_failures:
             calls.append("c.format_error IS NOT NULL")
         if self.search:
-            calls.append("(instr(c.completion_text, ?) > 0 OR instr(c.prompt_text, ?) > 0)")
-            call_params += [self.search, self.search]
+            calls.append("(c.completion_text LIKE ? ESCAPE '\\' OR c.prompt_text LIKE ? ESCAPE '\\')")
+            params += [_like(self.search)] * 2
         if calls:
             clauses.append(
                 f"EXISTS (SELECT 1 FROM calls c WHERE c.episode_id = e.id AND {' AND '.join(calls)})"
             )
-            params += call_params
-        return " AND ".join(clauses), params
+        return clauses, params
 
 
-def steps(reader: RunReader) -> pd.DataFrame:
-    """One row per step: status, episodes, mean episode reward."""
-    return reader.sql(
-        "SELECT s.step, s.status, s.policy_version, "
-        "(SELECT count(*) FROM episodes e WHERE e.step = s.step) AS episodes, "
-        "(SELECT avg(e.reward) FROM episodes e WHERE e.step = s.step) AS mean_reward "
-        "FROM steps s ORDER BY s.step"
-    )
+@dataclass(frozen=True)
+class EpisodePage:
+    """One page of episodes and how many pass the filter in all (for the paginator)."""
+
+    rows: pd.DataFrame
+    total: int
+    page: int
+    size: int
+
+    @property
+    def pages(self) -> int:
+        """Number of pages (at least 1, so an empty result still reads "page 1 of 1")."""
+        return max(1, -(-self.total // self.size))
+
+    @property
+    def first(self) -> int:
+        """Index (0-based) of the page's first episode among all that pass."""
+        return self.page * self.size
 
 
 def episodes_page(
-    reader: RunReader, step: int, page: int = 0, size: int = PAGE_SIZE, where: EpisodeFilter | None = None
-) -> tuple[pd.DataFrame, int]:
-    """Episodes ``page * size`` .. of ``step`` that pass ``where``, and how many pass in all."""
-    clause, params = (where or EpisodeFilter()).where()
-    total = int(
-        reader.sql(f"SELECT count(*) AS n FROM episodes e WHERE {clause}", [int(step), *params])["n"][0]
+    reader: RunReader,
+    step: int | None,
+    page: int = 0,
+    size: int = PAGE_SIZE,
+    where: EpisodeFilter | None = None,
+) -> EpisodePage:
+    """Episodes ``page * size`` .. ``page * size + size - 1`` of ``step`` (all steps when None) that pass
+    ``where``, in id order, with the total that pass.
+
+    Rows: id, step, task_id, group_key, status, reward, error (its first characters), calls (how
+    many), format_errors (calls with a format error) and roles (the roles that were called).
+    """
+    if page < 0 or size < 1:
+        raise ValueError(f"page must be >= 0 and size >= 1, got page={page}, size={size}")
+    clauses, params = (where or EpisodeFilter()).clauses()
+    if step is not None:
+        clauses.insert(0, "e.step = ?")
+        params.insert(0, int(step))
+    condition = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+    total = int(reader.sql(f"SELECT count(*) AS n FROM episodes e{condition}", params)["n"].iloc[0])
+    rows = reader.sql(
+        "SELECT e.id, e.step, e.task_id, e.group_key, e.status, e.reward, "
+        f"substr(e.error, 1, {ERROR_PREVIEW}) AS error, "
+        "(SELECT count(*) FROM calls c WHERE c.episode_id = e.id) AS calls, "
+        "(SELECT count(*) FROM calls c WHERE c.episode_id = e.id AND c.format_error IS NOT NULL) "
+        "AS format_errors, "
+        "(SELECT group_concat(DISTINCT c.role) FROM calls c WHERE c.episode_id = e.id) AS roles "
+        f"FROM episodes e{condition} ORDER BY e.id LIMIT ? OFFSET ?",
+        # past the end (no match at all, say) LIMIT 0 returns the columns without scanning again
+        [*params, int(size) if page * size < total else 0, int(page) * int(size)],
     )
+    rows["roles"] = [", ".join(r.split(",")) if isinstance(r, str) else "" for r in rows["roles"]]
+    return EpisodePage(rows=rows, total=total, page=int(page), size=int(size))
+
+
+# ---------------------------------------------------------------------------------------------- call tree
+@dataclass
+class CallNode:
+    """One call of an episode (no token arrays) and the calls it started (``children``, by position)."""
+
+    id: int
+    parent_id: int | None
+    source_id: int | None
+    role: str
+    policy: str | None
+    position: int
+    policy_version: int | None
+    n_prompt: int | None
+    n_completion: int | None
+    advantage: float | None
+    rewards: dict[str, float] | None
+    timings: dict[str, Any] | None
+    format_error: str | None
+    action: Any
+    tool_calls: Any
+    tool_results: Any
+    preview: str
+    children: list[CallNode] = field(default_factory=list)
+
+
+def call_tree(reader: RunReader, episode_id: int) -> list[CallNode]:
+    """The calls of one episode as a forest: the top-level calls (no parent, or a parent outside the
+    episode) in position order, each with its children nested."""
     frame = reader.sql(
-        f"SELECT e.id, e.task_id, e.group_key, e.status, e.reward, e.error, "
-        f"(SELECT count(*) FROM calls c WHERE c.episode_id = e.id) AS calls "
-        f"FROM episodes e WHERE {clause} ORDER BY e.id LIMIT ? OFFSET ?",
-        [int(step), *params, int(size), int(page) * int(size)],
+        f"SELECT {_TREE_COLUMNS} FROM calls WHERE episode_id = ? ORDER BY position, id", [int(episode_id)]
     )
-    return frame, total
+    nodes = [
+        CallNode(
+            id=int(row.id),
+            parent_id=_int(row.parent_id),
+            source_id=_int(row.source_id),
+            role=str(row.role),
+            policy=_value(row.policy),
+            position=int(row.position),
+            policy_version=_int(row.policy_version),
+            n_prompt=_int(row.n_prompt),
+            n_completion=_int(row.n_completion),
+            advantage=_float(row.advantage),
+            rewards=_value(row.rewards),
+            timings=_value(row.timings),
+            format_error=_value(row.format_error),
+            action=_value(row.action),
+            tool_calls=_value(row.tool_calls),
+            tool_results=_value(row.tool_results),
+            preview=_value(row.preview) or "",
+        )
+        for row in frame.itertuples(index=False)
+    ]
+    by_id = {node.id: node for node in nodes}
+    roots = []
+    for node in nodes:
+        parent = by_id.get(node.parent_id) if node.parent_id is not None else None
+        if parent is None or parent is node:
+            roots.append(node)
+        else:
+            parent.children.append(node)
+    return roots
 
 
-def call_tree(reader: RunReader, episode_id: int) -> pd.DataFrame:
-    """The calls of one episode in position order, JSON fields decoded, token arrays left out."""
-    frame = reader.sql(
-        f"SELECT {TREE_COLUMNS} FROM calls WHERE episode_id = ? ORDER BY position", [int(episode_id)]
-    )
-    for column in ("rewards", "action", "tool_calls", "tool_results"):
-        frame[column] = [loads(v) if isinstance(v, str) else v for v in frame[column]]
-    return frame
+def walk(nodes: Sequence[CallNode], depth: int = 0) -> Iterator[tuple[int, CallNode]]:
+    """Every call of a forest, depth first in position order, with its depth (0 for top-level calls)."""
+    for node in nodes:
+        yield depth, node
+        yield from walk(node.children, depth + 1)
 
 
-def children(tree: pd.DataFrame) -> dict[Any, list[int]]:
-    """parent call id (None for the episode's top level) -> its calls' row indices, in order."""
-    out: dict[Any, list[int]] = {}
-    ids = set(tree["id"])
-    for i, parent in enumerate(tree["parent_id"]):
-        key = None if pd.isna(parent) or parent not in ids else int(parent)
-        out.setdefault(key, []).append(i)
-    return out
-
-
+# ---------------------------------------------------------------------------------------------- tokens
 @dataclass
 class CallTokens:
-    prompt_text: str
-    completion_ids: list[int]
-    tokens: list[str]
-    owners: list[int]
-    logprobs: list[float]
-    advantage: float | None
-    token_advantages: list[float] | None
+    """One call token by token: ids, their text, owner codes (``TokenOwner``), logprobs and advantages.
+
+    ``owners``, ``logprobs`` and ``token_advantages`` are per completion token; ``logprobs`` and
+    ``token_advantages`` are None where the store holds none. ``decoded`` says whether the texts come
+    from the run's tokenizer (else they are ``⟨id⟩``).
+    """
+
+    call_id: int
+    episode_id: int
+    role: str
     policy: str | None
+    policy_version: int | None
+    advantage: float | None
+    prompt_ids: list[int]
+    prompt_tokens: list[str]
+    completion_ids: list[int]
+    completion_tokens: list[str]
+    owners: list[int]
+    logprobs: list[float] | None
+    token_advantages: list[float] | None
+    prompt_text: str
+    completion_text: str
+    decoded: bool
 
 
-def call_tokens(reader: RunReader, call_id: int) -> CallTokens:
-    """One call's completion token by token: text, owner code, logprob, advantage."""
-    row = reader.sql(
-        "SELECT prompt_text, completion_ids, mask, logprobs, token_advantages, advantage, policy "
-        "FROM calls WHERE id = ?",
-        [int(call_id)],
-    ).iloc[0]
-    ids = [int(i) for i in decode_array(row["completion_ids"], IDS_DTYPE, "list") or []]
-    owners = [int(o) for o in decode_array(row["mask"], MASK_DTYPE, "list") or [1] * len(ids)]
-    logprobs = [float(x) for x in decode_array(row["logprobs"], FLOAT_DTYPE, "list") or []]
-    token_adv = decode_array(row["token_advantages"], FLOAT_DTYPE, "list")
+def _list(array: Any, kind: type) -> list | None:
+    return None if array is None else [kind(x) for x in array.tolist()]
+
+
+def call_tokens(reader: RunReader, call_id: int, model: str | None = None) -> CallTokens:
+    """The full token detail of one call; ``model`` (default: the run config's) names the tokenizer."""
+    frame = reader.sql(f"SELECT {_TOKEN_COLUMNS} FROM calls WHERE id = ?", [int(call_id)])
+    if frame.empty:
+        raise KeyError(f"no call {call_id} in run {reader.run_id}")
+    row = frame.iloc[0]
+    prompt_ids = _list(row["prompt_ids"], int) or []
+    completion_ids = _list(row["completion_ids"], int) or []
+    owners = _list(row["mask"], int) or [int(TokenOwner.TRAINABLE)] * len(completion_ids)
+    decoder = token_decoder(run_model(reader) if model is None else model)
     return CallTokens(
-        prompt_text=row["prompt_text"] or "",
-        completion_ids=ids,
-        tokens=token_texts(reader, ids),
+        call_id=int(row["id"]),
+        episode_id=int(row["episode_id"]),
+        role=str(row["role"]),
+        policy=_value(row["policy"]),
+        policy_version=_int(row["policy_version"]),
+        advantage=_float(row["advantage"]),
+        prompt_ids=prompt_ids,
+        prompt_tokens=decoder.texts(prompt_ids),
+        completion_ids=completion_ids,
+        completion_tokens=decoder.texts(completion_ids),
         owners=owners,
-        logprobs=logprobs,
-        advantage=None if pd.isna(row["advantage"]) else float(row["advantage"]),
-        token_advantages=None if token_adv is None else [float(x) for x in token_adv],
-        policy=row["policy"],
+        logprobs=_list(row["logprobs"], float),
+        token_advantages=_list(row["token_advantages"], float),
+        prompt_text=_value(row["prompt_text"]) or "",
+        completion_text=_value(row["completion_text"]) or "",
+        decoded=decoder.tokenizer is not None,
     )
 
 
-def token_texts(reader: RunReader, ids: list[int]) -> list[str]:
-    """Each token's text with the run's tokenizer; ``<id>`` where no tokenizer can be loaded."""
-    tokenizer = _tokenizer(str(reader.config.get("model") or ""))
-    if tokenizer is None:
-        return [f"<{i}>" for i in ids]
-    return [tokenizer.decode([i], skip_special_tokens=False) for i in ids]
+def run_model(reader: RunReader) -> str:
+    """The model a run names in its config (``""`` when it names none)."""
+    model = reader.config.get("model")
+    return model if isinstance(model, str) else ""
 
 
-@cache
-def _tokenizer(model: str) -> Any:
-    if not model:
-        return None
+class TokenDecoder:
+    """Token ids to their text with one tokenizer, remembering each id's text; ``⟨id⟩`` without one."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._texts: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    def texts(self, ids: Sequence[int]) -> list[str]:
+        if self.tokenizer is None:
+            return [f"⟨{i}⟩" for i in ids]
+        with self._lock:
+            missing = sorted({i for i in ids if i not in self._texts})
+            if missing:
+                self._texts.update(zip(missing, self._decode(missing), strict=True))
+            return [self._texts[i] for i in ids]
+
+    def _decode(self, ids: list[int]) -> list[str]:
+        tokenizer = self.tokenizer
+        try:
+            texts = tokenizer.batch_decode([[i] for i in ids], clean_up_tokenization_spaces=False)
+            pieces = tokenizer.convert_ids_to_tokens(ids)
+        except Exception:  # noqa: BLE001 - an id outside the vocabulary: show ids rather than fail
+            return [f"⟨{i}⟩" for i in ids]
+        # SentencePiece tokenizers drop a word's leading space when a token is decoded alone.
+        return [
+            " " + text
+            if isinstance(piece, str) and piece.startswith("▁") and not text.startswith(" ")
+            else text
+            for text, piece in zip(texts, pieces, strict=True)
+        ]
+
+
+@lru_cache(maxsize=8)
+def token_decoder(model: str) -> TokenDecoder:
+    """The decoder of ``model``'s tokenizer, loaded once per model name (never builds a model that is
+    not already prepared, except the instant ``tiny``); a decoder showing ids where none loads."""
+    return TokenDecoder(_load_tokenizer(model) if model else None)
+
+
+def _load_tokenizer(model: str) -> Any:
     try:
         from transformers import AutoTokenizer
 
-        from workbench.models import resolve
+        from workbench.models import list_models, resolve
 
+        built_in = {info.name: info for info in list_models()}
+        if model in built_in and not built_in[model].cached and not model.startswith("tiny"):
+            return None  # preparing it means a download and a conversion: not a dashboard's job
         return AutoTokenizer.from_pretrained(resolve(model))
-    except Exception:  # noqa: BLE001 - a missing model only costs the token texts
+    except Exception:  # noqa: BLE001 - a model that cannot be found only costs the token texts
         return None

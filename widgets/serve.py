@@ -40,9 +40,10 @@ def is_loopback(address: str) -> bool:
 def cookie_secret(path: str | Path | None = None) -> str:
     """The secret that signs session cookies: the environment, a file, or a fresh random one."""
     secret = Path(path).read_text().strip() if path is not None else os.environ.get(COOKIE_SECRET_ENV, "")
-    if path is not None and len(secret) < 32:
-        raise AccessError(f"the cookie secret in {path} is shorter than 32 characters")
-    return secret if len(secret) >= 32 else secrets.token_hex(32)
+    if (secret or path is not None) and len(secret) < 32:
+        where = path if path is not None else f"${COOKIE_SECRET_ENV}"
+        raise AccessError(f"the cookie secret in {where} is shorter than 32 characters")
+    return secret or secrets.token_hex(32)
 
 
 def session_user(users: Users | None, secret: str) -> tuple[str | None, str | None]:
@@ -64,12 +65,16 @@ def make_app(runs_dir: Path, users: Users | None, secret: str) -> Any:
         if role is None:  # the auth provider lets no such session in; refuse rather than guess
             return pn.pane.Markdown("Not signed in.")
         pn.extension("tabulator")
-        return Dashboard(
+        dashboard = Dashboard(
             runs_dir,
             role=role,
             user=user or "?",
             can_operate=lambda: session_user(users, secret)[1] == "operator",
-        ).__panel__()
+        )
+        run = (pn.state.session_args.get("run") or [b""])[0].decode()
+        if run and (runs_dir / run).is_dir() and (runs_dir / run).resolve().parent == runs_dir:
+            dashboard.open_run(run)  # a link to one run: /?run=<run_id>
+        return dashboard.__panel__()
 
     return app
 

@@ -114,7 +114,11 @@ def apply_graph(spec: dict, nodes: list[dict], edges: list[dict]) -> dict:
         by_source.setdefault(source, {}).setdefault(kind, []).append({"target": target, "when": when})
     for name, step in steps.items():
         links = by_source.get(name, {})
-        step["next"] = [{"goto": link["target"], "when": link["when"]} for link in links.get("next", [])] or [
+        # Branches are tried in order: a condition drawn after an unconditional edge goes before it;
+        # an edge drawn twice is one branch.
+        ordered = sorted(links.get("next", []), key=lambda link: link["when"] is None)
+        branches = [{"goto": link["target"], "when": link["when"]} for link in ordered]
+        step["next"] = [b for i, b in enumerate(branches) if b not in branches[:i]] or [
             {"goto": END, "when": None}
         ]
         called = links.get("calls", [])

@@ -97,7 +97,14 @@ def _runs(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from workbench.demo import main
 
-    return main(model=args.model, n_tasks=args.n, max_tokens=args.max_tokens, runs_dir=args.runs_dir)
+    return main(
+        model=args.model,
+        n_tasks=args.n,
+        max_tokens=args.max_tokens,
+        runs_dir=args.runs_dir,
+        train_steps=args.train_steps,
+        reports_out=args.out,
+    )
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -152,6 +159,27 @@ def _users(args: argparse.Namespace) -> int:
     password = os.environ.get("WORKBENCH_PASSWORD") or getpass.getpass(f"password for {args.name}: ")
     add_user(args.file, args.name, password, args.role)
     print(f"{args.name} ({args.role}) written to {args.file}")
+    return 0
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    from workbench.reports.reproduce import reproduce
+
+    results = reproduce(
+        args.paper, args.runs, args.out, benchmark=args.benchmark, workers=args.workers, timeout=args.timeout
+    )
+    for r in results:
+        print(
+            f"{'ok    ' if r.ok else 'FAILED'} {r.paper}/{r.name} ({r.seconds:.0f} s): {len(r.outputs)} outputs"
+        )
+    print(f"index: {Path(args.out) / 'index.html'}")
+    failed = [f"{r.paper}/{r.name}" for r in results if not r.ok]
+    if failed:
+        print(f"error: {len(failed)} notebook(s) failed: {', '.join(failed)}", file=sys.stderr)
+        for r in results:
+            if not r.ok:
+                print(f"--- {r.paper}/{r.name}\n{r.error}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -223,11 +251,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--role", choices=["viewer", "operator"], default="viewer")
     p.set_defaults(func=_users)
 
-    p = sub.add_parser("demo", help="the main job: a short MarsRL rollout on the local model")
+    p = sub.add_parser("reproduce", help="regenerate the papers' figures and tables from runs (papermill)")
+    p.add_argument("paper", help="all, or one of: mars, marsrl, matpo, hira, mas_orchestra")
+    p.add_argument("--runs", default="", help="'label=run_dir,...', a run directory, or a directory of runs")
+    p.add_argument("--out", default="reports-out", help="where figures, executed notebooks and index.html go")
+    p.add_argument("--benchmark", default="", help="benchmark subset the notebooks restrict to (empty: all)")
+    p.add_argument("--workers", type=int, default=2, help="notebooks executed at once")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per notebook")
+    p.set_defaults(func=_reproduce)
+
+    p = sub.add_parser(
+        "demo", help="the main job: MarsRL on the local model: a rollout, brief training, its figures"
+    )
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--n", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--runs-dir", default="runs")
+    p.add_argument(
+        "--train-steps", type=int, default=2, help="MarsRL training steps after the rollout (0: none)"
+    )
+    p.add_argument("--out", default="reports-out", help="where the regenerated MarsRL figures go")
     p.set_defaults(func=_demo)
     return parser
 

@@ -1,8 +1,14 @@
-"""The main job behind ``make demo``: a short MarsRL rollout on the local SmolLM2-135M, then a summary.
+"""The main job behind ``make demo``: MarsRL on the local SmolLM2-135M, rolled out, trained, reported.
 
-It simplifies on purpose: a handful of easy arithmetic problems and short completions, so it
-finishes in about a minute on two CPU cores while still exercising every part a real run uses
-(local model, topology, engine, verifiers, run store).
+1. A short rollout, summarised per role (the first episode's calls printed).
+2. A brief multi-agent GRPO run of the same topology (``train_steps`` steps, a held-out
+   evaluation after each), stored like any training run.
+3. ``workbench reproduce marsrl`` on that run: MarsRL's figures and tables, written under
+   ``reports_out`` with an ``index.html``.
+
+It simplifies on purpose: easy arithmetic problems and short completions, so it finishes in a few
+minutes on two CPU cores while exercising every part a real run uses (local model, topology,
+engine, verifiers, run store, trainer, report notebooks).
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ def main(
     max_tokens: int = 64,
     runs_dir: str | Path = "runs",
     seed: int = 0,
+    train_steps: int = 2,
+    reports_out: str | Path = "reports-out",
 ) -> int:
     from workbench.runs import rollout
     from workbench.store import RunReader
@@ -51,4 +59,28 @@ def main(
     print(
         f"\ninspect it: python -c \"import workbench as wb; print(wb.RunReader('{result.run_dir}').calls())\""
     )
+    if train_steps <= 0:
+        return 0
+    return _train_and_report(model, train_steps, min(max_tokens, 32), runs_dir, Path(reports_out))
+
+
+def _train_and_report(model: str, steps: int, max_tokens: int, runs_dir: str | Path, out: Path) -> int:
+    from workbench.reports.reproduce import reproduce
+    from workbench.reports.sample import train_sample_run
+
+    print(f"\n==> training '{model}' on MarsRL for {steps} step(s), held-out evaluation after each")
+    run_dir = train_sample_run(runs_dir, model=model, steps=steps, max_tokens=max_tokens)
+    print(f"training run stored in {run_dir}")
+    print(
+        f"\n==> regenerating MarsRL's figures and tables from it (workbench reproduce marsrl --runs {run_dir})"
+    )
+    results = reproduce("marsrl", str(run_dir), out)
+    for r in results:
+        outputs = ", ".join(str(p) for p in r.outputs if p.suffix in (".png", ".csv")) or "-"
+        print(f"  {'ok' if r.ok else 'FAILED'} {r.name}: {outputs}")
+    print(f"\nfigures and tables: {out / 'index.html'}")
+    failed = [r.name for r in results if not r.ok]
+    if failed:
+        print(f"error: report notebook(s) failed: {', '.join(failed)}")
+        return 1
     return 0

@@ -75,8 +75,14 @@ class Served:
         return out
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator:
+    """One Chromium per test module.
+
+    Playwright's sync API keeps an asyncio loop marked as running in this thread while it is
+    open, so ``asyncio.run`` fails in any later test of the same worker: the browser must close
+    when its module ends, not when the session does.
+    """
     from playwright.sync_api import sync_playwright
 
     if not Path(CHROMIUM).exists():

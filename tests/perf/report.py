@@ -138,6 +138,36 @@ def render_trainer(r: dict) -> str:
     )
 
 
+def render_dashboard_queries(r: dict) -> str:
+    m = r["machine"]
+    training, rollout = r["runs"]["training"], r["runs"]["rollout"]
+    lines = [
+        f"**Dashboard queries** ({r['mode']} mode, two runs of {r['calls']:,} calls each, {r['calls_per_episode']} calls "
+        f"an episode, median of {r['repeats']} runs, {m['cpus']} CPUs, {r['finished']}): every server-side query of "
+        f"the trajectory browser on the run's last step; slowest {r['slowest_ms']:.0f} ms against the "
+        f"{r['target_ms']:.0f} ms target.",
+        "",
+        f"| query | training run ({training['steps']} steps of {training['episodes_per_step']:,} episodes) "
+        f"| rollout ({rollout['steps']} step of {rollout['episodes_per_step']:,} episodes) |",
+        "|---|---|---|",
+    ]
+    for name, t in training["queries"].items():
+        o = rollout["queries"].get(name, {})
+        lines.append(f"| {name} | {t['median_ms']:.1f} ms | {o.get('median_ms', float('nan')):.1f} ms |")
+    return "\n".join(lines)
+
+
+def render_dashboard_load(r: dict) -> str:
+    m = r["machine"]
+    return (
+        f"**Dashboard under load** ({r['mode']} mode, {m['cpus']} CPUs, {r['finished']}): a run's writer stored "
+        f"{r['calls_per_s_unwatched']:,.0f} calls/s unwatched and {r['calls_per_s_watched']:,.0f} calls/s while "
+        f"{r['viewers']} dashboard sessions polled it for {r['seconds_per_phase']:.0f} s, a ratio of "
+        f"{r['throughput_ratio']:.2f} (target >= 0.9); {r['sessions_connected']} sessions connected, "
+        f"{len(r['session_failures'])} failed, {r['server_tracebacks']} tracebacks in the server's log."
+    )
+
+
 RENDERERS = {
     "store": render_store,
     "binpack": render_binpack,
@@ -145,6 +175,8 @@ RENDERERS = {
     "backends": render_backends,
     "packing": render_packing,
     "trainer": render_trainer,
+    "dashboard_queries": render_dashboard_queries,
+    "dashboard_load": render_dashboard_load,
 }
 
 

@@ -590,6 +590,7 @@ class Rollout:
             "error": result.error,
             "seconds": result.seconds,
             "truncated": result.truncated,
+            "results": len(result.content) if isinstance(result.content, list) else int(bool(result.content)),
         }
         if not result.ok:
             return f"Error: {result.error}", info

@@ -27,7 +27,6 @@ def rollout_metrics(
 ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """Metrics of one step's episodes: (global, per role)."""
     rewards = [e.reward or 0.0 for e in episodes]
-    tasks = {e.task_id for e in episodes}
     overall: dict[str, float] = {
         "reward/mean": _mean(rewards),
         "reward/std": float(np.std(rewards)) if rewards else 0.0,
@@ -66,7 +65,7 @@ def rollout_metrics(
             }
         )
     n_tool_calls = sum(tools.values())
-    overall["tool_calls/per_question"] = n_tool_calls / max(len(tasks), 1)
+    overall["tool_calls/per_question"] = n_tool_calls / max(len(episodes), 1)  # each episode answers one
     for name, count in tools.items():
         overall[f"tool_share/{name}"] = count / n_tool_calls
     roles: dict[str, dict[str, float]] = {}

@@ -73,6 +73,13 @@ def _opt_str(value: Any, field: str) -> str | None:
     raise InvalidRecordError(f"{field} must be a string or None, got {type(value).__name__}")
 
 
+def _display_text(value: Any, field: str) -> str | None:
+    """Prompt and completion text as stored: a NUL becomes U+FFFD, since SQLite's text functions (LIKE,
+    length, substr) stop at a NUL and a search would miss what follows; the token ids stay exact."""
+    text = _opt_str(value, field)
+    return text.replace("\x00", "\ufffd") if text else text
+
+
 def _check_len(blob: bytes | None, itemsize: int, field: str, n_completion: int | None) -> None:
     if blob is None:
         return
@@ -418,8 +425,8 @@ class StepWriter:
             dumps(action, "action"),
             dumps(tool_calls, "tool_calls"),
             dumps(tool_results, "tool_results"),
-            _opt_str(prompt_text, "prompt_text"),
-            _opt_str(completion_text, "completion_text"),
+            _display_text(prompt_text, "prompt_text"),
+            _display_text(completion_text, "completion_text"),
             prompt,
             completion,
             logp,

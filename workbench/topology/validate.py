@@ -271,6 +271,15 @@ def _check_flow(
                     problems.append(Problem(path, f"condition reads '{unknown}', which nothing provides"))
         if not node.next:
             problems.append(Problem(f"{base}.next", f"a node needs at least one branch (use goto: {END})"))
+        always = next((i for i, b in enumerate(node.next) if b.when is None), None)
+        if always is not None and always < len(node.next) - 1:
+            problems.append(
+                Problem(
+                    f"{base}.next[{always + 1}]",
+                    f"never taken: branches are tried in order and next[{always}] has no 'when'; "
+                    "put the unconditional branch last",
+                )
+            )
     _variables(flow.answer, f"{where}.answer", problems, expression=False)
 
     reachable = _reachable(flow)

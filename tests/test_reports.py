@@ -1,0 +1,321 @@
+"""Paper reports: run data behind the figures, saved figure data, and `workbench reproduce` end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import matplotlib
+import pandas as pd
+import pytest
+
+from workbench.cli import main
+from workbench.reports.figures import figure_data
+from workbench.reports.reproduce import report_notebooks, reproduce
+from workbench.reports.sample import SAMPLE_ROLLOUTS, SAMPLE_TOPOLOGIES, train_sample_runs
+from workbench.reports.series import RUNS_ENV, resolve_runs, run_topology, select_runs
+from workbench.store import RunReader
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def sample_runs(tmp_path_factory) -> dict[str, Path]:
+    """The small runs the notebooks draw from, by topology (reports/conftest.py's, if it built them)."""
+    given = os.environ.get(RUNS_ENV)
+    if given and Path(given).is_dir() and not (Path(given) / "run.db").exists():
+        found = {run_topology(path): path for path in resolve_runs(given).values()}
+        if set(SAMPLE_TOPOLOGIES) | set(SAMPLE_ROLLOUTS) <= set(found):
+            return found
+    return train_sample_runs(tmp_path_factory.mktemp("report-runs"))
+
+
+@pytest.fixture(scope="module")
+def run_dir(sample_runs) -> Path:
+    """The MarsRL sample run."""
+    return sample_runs["marsrl"]
+
+
+def test_runs_are_named_by_label_id_or_folder(run_dir, tmp_path, monkeypatch):
+    assert resolve_runs(f"random={run_dir},adaptive={run_dir}") == {"random": run_dir, "adaptive": run_dir}
+    assert resolve_runs(str(run_dir)) == {run_dir.name: run_dir}
+    assert resolve_runs(str(run_dir.parent))[run_dir.name] == run_dir
+    monkeypatch.setenv(RUNS_ENV, f"only={run_dir}")
+    assert resolve_runs("") == {"only": run_dir}
+    with pytest.raises(FileNotFoundError, match=r"not a run directory \(no run.db\): gone="):
+        resolve_runs(f"gone={tmp_path / 'missing'}")
+    monkeypatch.delenv(RUNS_ENV)
+    with pytest.raises(ValueError, match=f"pass runs=.* or set {RUNS_ENV}"):
+        resolve_runs("")
+
+
+def test_a_report_draws_only_its_papers_runs(sample_runs):
+    both = {"a": sample_runs["marsrl"], "b": sample_runs["mars_cpu"]}
+    assert select_runs(both, ["mars", "mars_cpu"], "MARS") == {"b": sample_runs["mars_cpu"]}
+    with pytest.raises(
+        ValueError, match=r"no HiRA run \(topology hira\) among: a \(marsrl\), b \(mars_cpu\)"
+    ):
+        select_runs(both, ["hira"], "HiRA")
+
+
+def test_figure_data_lists_panels_with_labelled_series():
+    fig, (left, right) = plt.subplots(1, 2)
+    left.plot([0, 1, 2], [0.1, float("nan"), 0.3], label="adaptive")
+    left.axhline(0.5)  # unlabelled helper line: not a series
+    left.set(title="accuracy", xlabel="step")
+    right.bar(["a", "b"], [3, 4], label="calls")
+    data = figure_data(fig)
+    plt.close(fig)
+    assert [p["title"] for p in data["panels"]] == ["accuracy", ""]
+    (line,) = data["panels"][0]["series"]
+    assert line == {"label": "adaptive", "kind": "line", "x": [0.0, 1.0, 2.0], "y": [0.1, None, 0.3]}
+    (bars,) = data["panels"][1]["series"]
+    assert bars["kind"] == "bar" and bars["y"] == [3.0, 4.0] and bars["label"] == "calls"
+
+
+def _panels(out: Path, notebook: str, name: str) -> list[dict]:
+    return json.loads((out / "marsrl" / notebook / f"{name}.json").read_text())["panels"]
+
+
+def test_reproduce_marsrl_draws_every_figure_from_the_runs(run_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    runs = f"random={run_dir},adaptive={run_dir}"
+    assert main(["reproduce", "marsrl", "--runs", runs, "--out", str(out)]) == 0, capsys.readouterr().err
+    names = [nb.stem for nb in report_notebooks("marsrl")]
+    for name in names:
+        assert (out / "marsrl" / name / f"{name}.ipynb").is_file(), f"{name} was not executed"
+    index = (out / "index.html").read_text()
+    assert f"{len(names)} of {len(names)} notebooks ran" in index and "fig5_verifier.png" in index
+
+    with RunReader(run_dir) as reader:
+        wide = reader.metrics_wide()
+        evals = reader.events(kind="eval")
+    (fig4,) = _panels(out, "fig4_sampling", "fig4_sampling")
+    assert [s["label"] for s in fig4["series"]] == ["adaptive", "random"]
+    assert fig4["series"][0]["y"] == pytest.approx(wide["eval/accuracy"].dropna().tolist())
+
+    accuracy, recall = _panels(out, "fig5_verifier", "fig5_verifier")
+    assert (accuracy["ylabel"], recall["ylabel"]) == ("accuracy", "recall")
+    confusion = {
+        k: wide[[c for c in wide if c.endswith(f"verifier/{k}")]].sum(axis=1)
+        for k in ("tp", "tn", "fp", "fn")
+    }
+    total = sum(confusion.values())
+    expected = ((confusion["tp"] + confusion["tn"]) / total).dropna()
+    assert accuracy["series"][0]["y"] == pytest.approx(expected[total > 0].tolist())
+
+    lengths, solver = _panels(out, "fig6_lengths", "fig6_lengths")
+    assert len(lengths["series"]) == len(solver["series"]) == 2
+    assert solver["series"][0]["y"] == pytest.approx(wide["solver/length/mean"].dropna().tolist())
+
+    table = pd.read_csv(out / "marsrl" / "tables" / "table1_run.csv")
+    trained = table[(table["run"] == "random") & (table["model"] == "trained")].iloc[0]
+    last = evals.iloc[-1]
+    scores = last["payload"]["tasks"].values()
+    assert trained["step"] == last["step"] and trained["tasks"] == len(scores)
+    assert trained["Solver"] == pytest.approx(100 * sum(s["solver"] >= 1 for s in scores) / len(scores))
+    assert trained["Reasoning System"] == pytest.approx(
+        100 * sum(s["outcome"] >= 1 for s in scores) / len(scores)
+    )
+    for item in ("table1", "table2", "table3"):
+        assert (out / "marsrl" / "tables" / f"{item}_paper.csv").is_file()
+
+    for paper in ("mars", "marsrl", "matpo", "hira"):
+        assert report_notebooks(paper), f"{paper} has no report notebook"
+    svgs = list((out / "marsrl" / "diagrams").glob("*.svg"))
+    assert {p.stem for p in svgs} == {"fig1_marsrl", "fig2_marsrl_inference", "fig3_marsrl_pipeline"}
+    pipeline, grouped = _panels(out, "diagrams", "fig3_marsrl_pipeline")
+    agents = ["solver", "verifier1", "corrector1", "verifier2", "corrector2"]
+    assert [s["label"] for s in pipeline["series"]] == agents  # the flow's order
+    assert [len(s["x"]) for s in pipeline["series"]] == [7, 6, 5, 4, 3]  # agent k starts at step k + 1
+    assert grouped["series"][0]["y"] == [4.0, 8.0, 8.0, 8.0, 8.0]  # G, then k=2 inputs x G each
+
+
+@pytest.fixture(scope="module")
+def reproduced(sample_runs, tmp_path_factory) -> Path:
+    """`workbench reproduce all` over the folder holding one sample run per paper."""
+    out = tmp_path_factory.mktemp("reproduced")
+    folder = next(iter(sample_runs.values())).parent
+    assert main(["reproduce", "all", "--runs", str(folder), "--out", str(out), "--workers", "2"]) == 0
+    return out
+
+
+def _figure(out: Path, paper: str, notebook: str, name: str | None = None) -> list[dict]:
+    return json.loads((out / paper / notebook / f"{name or notebook}.json").read_text())["panels"]
+
+
+def test_reproduce_all_runs_every_notebook_of_every_paper(reproduced):
+    notebooks = report_notebooks("all")
+    assert {nb.parent.name for nb in notebooks} == {"mars", "marsrl", "matpo", "hira", "mas_orchestra"}
+    index = (reproduced / "index.html").read_text()
+    assert f"{len(notebooks)} of {len(notebooks)} notebooks ran" in index
+    for nb in notebooks:
+        assert (reproduced / nb.parent.name / nb.stem / f"{nb.stem}.ipynb").is_file(), (
+            f"{nb} was not executed"
+        )
+
+
+def test_mars_figures_draw_every_panel_from_the_mars_run(sample_runs, reproduced):
+    run = sample_runs["mars_cpu"]
+    with RunReader(run) as reader:
+        wide = reader.metrics_wide()
+        episodes = reader.episodes(step=0)
+    panels = _figure(reproduced, "mars", "fig3_training")
+    assert [p["title"] for p in panels] == [
+        "(a) held-out accuracy",
+        "(b) training reward",
+        "(c) tool calls per question",
+        "(d) search: share of tool calls",  # mars_cpu has one tool; mars has three: nine panels
+        "(e) min response length",
+        "(f) mean response length",
+        "(g) max response length",
+    ]
+    for panel, name in zip(panels, ["eval/accuracy", "reward/mean", "tool_calls/per_question"], strict=False):
+        (line,) = panel["series"]  # the folder's other runs are not MARS runs: not drawn
+        assert line["label"] == run.name and line["y"] == pytest.approx(wide[name].dropna().tolist())
+    (longest,) = panels[-1]["series"]
+    assert longest["y"] == pytest.approx(wide["length/max"].dropna().tolist())
+
+    (histogram,) = _figure(reproduced, "mars", "fig5_best_of_n")
+    (bars,) = histogram["series"]
+    right = (episodes["reward"].fillna(0) >= 1).groupby(episodes["task_id"]).sum()
+    expected = [float((right == k).sum()) for k in range(len(bars["y"]))]
+    assert bars["y"] == expected and sum(expected) == episodes["task_id"].nunique()
+
+    (pipeline,) = _figure(reproduced, "mars", "diagrams", "fig2_mars_training")
+    assert pipeline["title"] == "MARS: GRPO with multi-agent RL"
+    assert (reproduced / "mars" / "diagrams" / "fig1_mars.svg").is_file()
+
+    tables = reproduced / "mars" / "tables"
+    table4 = pd.read_csv(tables / "table4_run.csv")
+    assert list(table4.columns) == ["run", "hops", "calls / search", "results / search"]
+    runs_table = pd.read_csv(tables / "tables1_3_run.csv")
+    assert runs_table["tools"].tolist() == ["search"] and runs_table["topology"].tolist() == ["mars_cpu"]
+    for item in ("table1", "table2", "table3", "table4"):
+        assert (tables / f"{item}_paper.csv").is_file()
+
+
+def _heldout_accuracy(run: Path) -> list[float]:
+    with RunReader(run) as reader:
+        evals = reader.events(kind="eval")
+    return [
+        100 * sum(s["outcome"] >= 1 for s in e["tasks"].values()) / len(e["tasks"]) for e in evals["payload"]
+    ]
+
+
+def test_matpo_figures_and_headline_come_from_the_matpo_run(sample_runs, reproduced):
+    run = sample_runs["matpo"]
+    (fig5,) = _figure(reproduced, "matpo", "fig5_accuracy")
+    assert fig5["title"] == "test accuracy on multihop"
+    (curve,) = fig5["series"]
+    assert curve["label"] == run.name and curve["y"] == pytest.approx(_heldout_accuracy(run))
+
+    test, training = _figure(reproduced, "matpo", "fig6_ablations")
+    assert test["title"] == "(a) test accuracy (running average@5)"
+    (planner,) = training["series"]
+    with RunReader(run) as reader:
+        accuracy = reader.metrics(name="accuracy", role="planner")["value"]
+    assert planner["label"] == f"{run.name} (planner)"
+    assert planner["y"] == pytest.approx((100 * accuracy.rolling(15, min_periods=1).mean()).tolist())
+
+    with RunReader(run) as reader:
+        first = reader.calls(step=0, columns=["episode_id", "role", "n_completion", "advantage"])
+    (tokens,) = _figure(reproduced, "matpo", "fig2_4_rollouts", "fig2_3_rollout")
+    owned = {s["label"]: s for s in tokens["series"]}
+    shown = first[first["episode_id"] == first.groupby("episode_id").size().idxmax()]
+    assert sum(sum(s["length"]) for s in owned.values()) == shown["n_completion"].sum()
+    assert "own tokens (trained)" in owned
+    (batch,) = _figure(reproduced, "matpo", "fig2_4_rollouts", "fig4_batch")
+    assert sum(len(s["y"]) for s in batch["series"]) == len(first)
+    assert {s["label"] for s in batch["series"]} == set(first["role"])
+
+    headline = pd.read_csv(reproduced / "matpo" / "headline" / "headline_run.csv")
+    assert headline["accuracy"].tolist() == pytest.approx(_heldout_accuracy(run)[-1:])
+    paper = pd.read_csv(reproduced / "matpo" / "headline" / "headline_paper.csv")
+    assert paper["Method"].tolist() == ["Single-agent GRPO", "MATPO"]
+
+
+def test_hira_figures_and_tables_come_from_the_hira_rollout(sample_runs, reproduced):
+    run = sample_runs["hira"]
+    with RunReader(run) as reader:
+        episodes = reader.episodes()
+        calls = reader.calls(columns=["episode_id", "role", "n_completion", "tool_calls"])
+    hops = episodes["task_meta"].map(lambda m: m["hops"])
+    right = episodes["reward"].fillna(0) >= 1
+
+    (fig4,) = _figure(reproduced, "hira", "fig4_subsets")
+    (bars,) = fig4["series"]
+    assert bars["label"] == run.name
+    assert bars["y"] == pytest.approx((100 * right.groupby(hops).mean()).tolist())
+
+    length, interactions = _figure(reproduced, "hira", "fig5_efficiency")
+    assert (length["title"], interactions["title"]) == ("Reasoning Length", "Interaction Times")
+    planner = calls[calls["role"] == "meta_planner"]
+    per_episode = planner.groupby("episode_id")["n_completion"].sum().reindex(episodes["id"], fill_value=0)
+    assert length["series"][0]["y"] == pytest.approx([per_episode.mean()])
+
+    (fig3,) = _figure(reproduced, "hira", "fig3_subtasks")
+    (line,) = fig3["series"]
+    assert line["x"] == [10.0]  # hira.yaml's max_subtasks
+
+    tables = reproduced / "hira"
+    run_table = pd.read_csv(tables / "tables" / "tables1_2_run.csv")
+    assert list(run_table.columns) == ["Method", "multihop / 1", "multihop / 2", "multihop / Avg."]
+    assert run_table.loc[0, "multihop / Avg."] == pytest.approx(100 * right.mean())
+    episode = pd.read_csv(tables / "table3_episode" / "table3_episode.csv")
+    shown = episodes[right]["id"].iloc[0] if right.any() else episodes["id"].iloc[0]
+    assert len(episode) == (calls["episode_id"] == shown).sum()
+    assert (tables / "tables" / "table2_paper.csv").is_file()
+
+
+def test_mas_orchestra_figures_come_from_the_orchestrator_run(sample_runs, reproduced):
+    run = sample_runs["mas_orchestra"]
+    with RunReader(run) as reader:
+        trained = reader.episodes()["step"]  # the final evaluation's step stores no episodes
+        last = int(trained.max())
+        episodes = reader.episodes(step=last)
+        calls = reader.calls(step=last, columns=["episode_id", "n_prompt", "n_completion"])
+    right = (episodes["reward"].fillna(0) >= 1).mean() * 100
+    used = calls["n_prompt"].fillna(0).astype(float) + calls["n_completion"].fillna(0).astype(float)
+    tokens = used.groupby(calls["episode_id"]).sum().mean()
+
+    (pareto,) = _figure(reproduced, "mas_orchestra", "pareto", "fig1_pareto")
+    point, front = pareto["series"]
+    assert point["label"] == run.name and front["label"] == "Pareto front"
+    assert point["x"] == pytest.approx([tokens]) and point["y"] == pytest.approx([right])
+
+    (depth,) = _figure(reproduced, "mas_orchestra", "masbench_axes")
+    assert depth["title"] == "depth" and depth["series"][0]["x"] == [2.0, 3.0]
+
+    types, degree, over_steps = _figure(reproduced, "mas_orchestra", "distributions")
+    assert sum(degree["series"][0]["y"]) == len(episodes)
+    assert [s["label"] for s in over_steps["series"]] == [
+        f"{run.name}: delegating",
+        f"{run.name}: mean degree",
+    ]
+    assert over_steps["series"][0]["x"] == sorted(float(x) for x in trained.unique())
+
+
+def test_a_failing_notebook_is_named_and_the_others_still_run(tmp_path):
+    reports = tmp_path / "reports" / "hira"
+    reports.mkdir(parents=True)
+    good = {"cells": [{"cell_type": "code", "metadata": {"tags": ["parameters"]}, "outputs": [],
+                       "execution_count": None, "source": "runs = ''\nout_dir = ''\nbenchmark = ''"},
+                      {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                       "source": "open(out_dir + '/t.csv', 'w').write('a\\n1\\n')"}],
+            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+            "nbformat": 4, "nbformat_minor": 5}  # fmt: skip
+    bad = json.loads(json.dumps(good))
+    bad["cells"][1]["source"] = "raise RuntimeError('no such benchmark: ' + benchmark)"
+    (reports / "good.ipynb").write_text(json.dumps(good))
+    (reports / "bad.ipynb").write_text(json.dumps(bad))
+    results = reproduce("hira", "", tmp_path / "out", benchmark="gaia", reports_dir=tmp_path / "reports")
+    by_name = {r.name: r for r in results}
+    assert by_name["good"].ok and [p.name for p in by_name["good"].outputs] == ["t.csv"]
+    assert not by_name["bad"].ok and "no such benchmark: gaia" in by_name["bad"].error
+    index = (tmp_path / "out" / "index.html").read_text()
+    assert "1 of 2 notebooks ran" in index and index.index("bad") < index.index("good")
+    with pytest.raises(ValueError, match="unknown paper"):
+        reproduce("nips", "", tmp_path / "out")

@@ -1,0 +1,120 @@
+"""``workbench reproduce``: run the report notebooks headlessly with papermill.
+
+Each notebook ``reports/<paper>/<name>.ipynb`` runs in its own papermill process (``workers`` at
+once) with the parameters ``runs``, ``out_dir`` (``OUT/<paper>/<name>/``, where it saves its
+figures and tables) and ``benchmark``; the executed notebook is written beside its outputs. An
+``index.html`` at the top of ``OUT`` links every notebook, figure and table, failed ones first
+with the end of their error.
+"""
+
+from __future__ import annotations
+
+import html
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workbench.reference import PAPERS
+
+REPORTS_DIR = Path(__file__).resolve().parents[2] / "reports"
+OUTPUT_SUFFIXES = (".png", ".svg", ".html", ".csv")
+
+
+@dataclass
+class NotebookResult:
+    """One executed report notebook."""
+
+    paper: str
+    name: str
+    out_dir: Path
+    seconds: float
+    error: str | None = None
+    outputs: list[Path] = field(default_factory=list)
+
+    @property
+    def executed(self) -> Path:
+        return self.out_dir / f"{self.name}.ipynb"
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def report_notebooks(papers: str | Sequence[str] = "all", reports_dir: Path = REPORTS_DIR) -> list[Path]:
+    """The report notebooks of ``papers`` ("all", a paper, or several), in paper then name order."""
+    chosen = list(PAPERS) if papers == "all" else [papers] if isinstance(papers, str) else list(papers)
+    unknown = [p for p in chosen if p not in PAPERS]
+    if unknown:
+        raise ValueError(f"unknown paper(s) {', '.join(unknown)}; choose from all, {', '.join(PAPERS)}")
+    return [nb for paper in chosen for nb in sorted((reports_dir / paper).glob("*.ipynb"))]
+
+
+def _run_one(notebook: Path, runs: str, out: Path, benchmark: str, timeout: float) -> NotebookResult:
+    paper, name = notebook.parent.name, notebook.stem
+    out_dir = (out / paper / name).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable, "-m", "papermill", str(notebook), str(out_dir / f"{name}.ipynb"),
+        "--cwd", str(notebook.parent), "--no-progress-bar", "--execution-timeout", str(int(timeout)),
+        "-p", "runs", runs, "-p", "out_dir", str(out_dir), "-p", "benchmark", benchmark,
+    ]  # fmt: skip
+    started = time.monotonic()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout + 60)
+        error = None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["failed"])
+        error = None if error is None else "\n".join(error[-15:])
+    except subprocess.TimeoutExpired:
+        error = f"did not finish within {timeout + 60:.0f} s"
+    outputs = sorted(p for p in out_dir.iterdir() if p.suffix in OUTPUT_SUFFIXES)
+    return NotebookResult(paper, name, out_dir, time.monotonic() - started, error, outputs)
+
+
+def reproduce(
+    papers: str | Sequence[str],
+    runs: str,
+    out: str | Path,
+    benchmark: str = "",
+    workers: int = 2,
+    timeout: float = 900.0,
+    reports_dir: Path = REPORTS_DIR,
+) -> list[NotebookResult]:
+    """Execute the report notebooks of ``papers`` on ``runs``; writes ``OUT/index.html``."""
+    notebooks = report_notebooks(papers, reports_dir)
+    if not notebooks:
+        raise ValueError(f"no report notebooks for {papers!r} under {reports_dir}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        results = list(pool.map(lambda nb: _run_one(nb, runs, out, benchmark, timeout), notebooks))
+    write_index(results, out)
+    return results
+
+
+def write_index(results: Sequence[NotebookResult], out: Path) -> Path:
+    """An HTML page linking each executed notebook and its figures and tables (failures first)."""
+    rows = []
+    for r in sorted(results, key=lambda r: (r.ok, r.paper, r.name)):
+        links = " ".join(
+            f'<a href="{html.escape(str(p.relative_to(out)))}">{html.escape(p.name)}</a>' for p in r.outputs
+        )
+        status = "ok" if r.ok else f"<b>failed</b><pre>{html.escape(r.error or '')}</pre>"
+        notebook = html.escape(str(r.executed.relative_to(out)))
+        rows.append(
+            f"<tr><td>{r.paper}</td><td><a href='{notebook}'>{r.name}</a></td><td>{status}</td>"
+            f"<td>{r.seconds:.0f} s</td><td>{links}</td></tr>"
+        )
+    page = (
+        "<!doctype html><meta charset='utf-8'><title>workbench reproduce</title>"
+        "<style>body{font-family:sans-serif}td{padding:4px 8px;vertical-align:top}</style>"
+        f"<h1>Paper reports</h1><p>{sum(r.ok for r in results)} of {len(results)} notebooks ran.</p>"
+        "<table><tr><th>paper</th><th>notebook</th><th>status</th><th>time</th><th>outputs</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
+    index = out / "index.html"
+    index.write_text(page)
+    return index
