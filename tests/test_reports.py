@@ -14,7 +14,7 @@ from workbench.cli import main
 from workbench.reports.figures import figure_data
 from workbench.reports.reproduce import report_notebooks, reproduce
 from workbench.reports.sample import SAMPLE_ROLLOUTS, SAMPLE_TOPOLOGIES, train_sample_runs
-from workbench.reports.series import RUNS_ENV, resolve_runs, run_topology, select_runs
+from workbench.reports.series import RUNS_ENV, resolve_runs, run_spec, run_topology, select_runs
 from workbench.store import RunReader
 
 matplotlib.use("Agg")
@@ -58,6 +58,19 @@ def test_a_report_draws_only_its_papers_runs(sample_runs):
         ValueError, match=r"no HiRA run \(topology hira\) among: a \(marsrl\), b \(mars_cpu\)"
     ):
         select_runs(both, ["hira"], "HiRA")
+
+
+def test_a_runs_saved_topology_wins_over_the_name_in_its_config(sample_runs, tmp_path):
+    """wb.train(<Topology>) saves the spec it ran beside the run; its config holds only the name."""
+    import shutil
+
+    from workbench.topology import load, to_yaml
+    from workbench.training import TOPOLOGY_FILE
+
+    run = Path(shutil.copytree(sample_runs["marsrl"], tmp_path / "run"))
+    assert run_spec(run).name == "marsrl"
+    (run / TOPOLOGY_FILE).write_text(to_yaml(load("mars_cpu")))
+    assert run_spec(run).name == "mars_cpu" and list(run_spec(run).tools) == ["search"]
 
 
 def test_figure_data_lists_panels_with_labelled_series():
@@ -268,6 +281,8 @@ def test_hira_figures_and_tables_come_from_the_hira_rollout(sample_runs, reprodu
     shown = episodes[right]["id"].iloc[0] if right.any() else episodes["id"].iloc[0]
     assert len(episode) == (calls["episode_id"] == shown).sum()
     assert (tables / "tables" / "table2_paper.csv").is_file()
+    diagrams = {p.stem for p in (tables / "diagrams").glob("*.svg")}
+    assert diagrams == {"fig1a_direct_reasoning", "fig1b_search_augmented_reasoning", "fig2_hira"}
 
 
 def test_mas_orchestra_figures_come_from_the_orchestrator_run(sample_runs, reproduced):

@@ -208,9 +208,13 @@ def tool_volume(runs: Mapping[str, Path], by: str = "hops") -> pd.DataFrame:
 
 
 def run_spec(run_dir: Path) -> Any:
-    """The topology spec a run ran: stored whole (a rollout) or by name or path (a training run)."""
+    """The topology spec a run ran: saved beside it (a training run given a Topology object), stored whole
+    in its config (a rollout), or named there (a built-in or a file)."""
     from workbench.topology import from_dict, load
+    from workbench.training import TOPOLOGY_FILE
 
+    if (Path(run_dir) / TOPOLOGY_FILE).is_file():
+        return load(Path(run_dir) / TOPOLOGY_FILE)
     with RunReader(run_dir) as reader:
         stored = reader.config["topology"]
     return from_dict(stored) if isinstance(stored, Mapping) else load(stored)
