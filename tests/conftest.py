@@ -43,18 +43,11 @@ VLLM_MODULES = {
 VLLM_PARAMS = {"vllm", "openai"}
 
 
-# The longest files, started first: xdist hands files out in collection order, and the learning test
-# (about 10 minutes) started last would run alone at the end of the parallel phase.
-LONGEST_FIRST = ("test_learning.py", "test_training_kill.py", "training.ipynb", "test_reports.py")
-
-
 def pytest_collection_modifyitems(config, items):
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         if item.path.name in VLLM_MODULES or VLLM_PARAMS & {v for v in params.values() if isinstance(v, str)}:
             item.add_marker(pytest.mark.vllm)
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
 
 
 # --- end vLLM phase ---
