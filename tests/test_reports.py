@@ -88,8 +88,8 @@ def test_figure_data_lists_panels_with_labelled_series():
     assert bars["kind"] == "bar" and bars["y"] == [3.0, 4.0] and bars["label"] == "calls"
 
 
-def _panels(out: Path, notebook: str, name: str) -> list[dict]:
-    return json.loads((out / "marsrl" / notebook / f"{name}.json").read_text())["panels"]
+def _figure(out: Path, paper: str, notebook: str, name: str | None = None) -> list[dict]:
+    return json.loads((out / paper / notebook / f"{name or notebook}.json").read_text())["panels"]
 
 
 def test_reproduce_marsrl_draws_every_figure_from_the_runs(run_dir, tmp_path, capsys):
@@ -105,11 +105,11 @@ def test_reproduce_marsrl_draws_every_figure_from_the_runs(run_dir, tmp_path, ca
     with RunReader(run_dir) as reader:
         wide = reader.metrics_wide()
         evals = reader.events(kind="eval")
-    (fig4,) = _panels(out, "fig4_sampling", "fig4_sampling")
+    (fig4,) = _figure(out, "marsrl", "fig4_sampling", "fig4_sampling")
     assert [s["label"] for s in fig4["series"]] == ["adaptive", "random"]
     assert fig4["series"][0]["y"] == pytest.approx(wide["eval/accuracy"].dropna().tolist())
 
-    accuracy, recall = _panels(out, "fig5_verifier", "fig5_verifier")
+    accuracy, recall = _figure(out, "marsrl", "fig5_verifier", "fig5_verifier")
     assert (accuracy["ylabel"], recall["ylabel"]) == ("accuracy", "recall")
     confusion = {
         k: wide[[c for c in wide if c.endswith(f"verifier/{k}")]].sum(axis=1)
@@ -119,7 +119,7 @@ def test_reproduce_marsrl_draws_every_figure_from_the_runs(run_dir, tmp_path, ca
     expected = ((confusion["tp"] + confusion["tn"]) / total).dropna()
     assert accuracy["series"][0]["y"] == pytest.approx(expected[total > 0].tolist())
 
-    lengths, solver = _panels(out, "fig6_lengths", "fig6_lengths")
+    lengths, solver = _figure(out, "marsrl", "fig6_lengths", "fig6_lengths")
     assert len(lengths["series"]) == len(solver["series"]) == 2
     assert solver["series"][0]["y"] == pytest.approx(wide["solver/length/mean"].dropna().tolist())
 
@@ -139,7 +139,7 @@ def test_reproduce_marsrl_draws_every_figure_from_the_runs(run_dir, tmp_path, ca
         assert report_notebooks(paper), f"{paper} has no report notebook"
     svgs = list((out / "marsrl" / "diagrams").glob("*.svg"))
     assert {p.stem for p in svgs} == {"fig1_marsrl", "fig2_marsrl_inference", "fig3_marsrl_pipeline"}
-    pipeline, grouped = _panels(out, "diagrams", "fig3_marsrl_pipeline")
+    pipeline, grouped = _figure(out, "marsrl", "diagrams", "fig3_marsrl_pipeline")
     agents = ["solver", "verifier1", "corrector1", "verifier2", "corrector2"]
     assert [s["label"] for s in pipeline["series"]] == agents  # the flow's order
     assert [len(s["x"]) for s in pipeline["series"]] == [7, 6, 5, 4, 3]  # agent k starts at step k + 1
@@ -153,10 +153,6 @@ def reproduced(sample_runs, tmp_path_factory) -> Path:
     folder = next(iter(sample_runs.values())).parent
     assert main(["reproduce", "all", "--runs", str(folder), "--out", str(out), "--workers", "2"]) == 0
     return out
-
-
-def _figure(out: Path, paper: str, notebook: str, name: str | None = None) -> list[dict]:
-    return json.loads((out / paper / notebook / f"{name or notebook}.json").read_text())["panels"]
 
 
 def test_reproduce_all_runs_every_notebook_of_every_paper(reproduced):

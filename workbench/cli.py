@@ -163,24 +163,12 @@ def _users(args: argparse.Namespace) -> int:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from workbench.reports.reproduce import reproduce
+    from workbench.reports.reproduce import reproduce, summarise
 
     results = reproduce(
         args.paper, args.runs, args.out, benchmark=args.benchmark, workers=args.workers, timeout=args.timeout
     )
-    for r in results:
-        print(
-            f"{'ok    ' if r.ok else 'FAILED'} {r.paper}/{r.name} ({r.seconds:.0f} s): {len(r.outputs)} outputs"
-        )
-    print(f"index: {Path(args.out) / 'index.html'}")
-    failed = [f"{r.paper}/{r.name}" for r in results if not r.ok]
-    if failed:
-        print(f"error: {len(failed)} notebook(s) failed: {', '.join(failed)}", file=sys.stderr)
-        for r in results:
-            if not r.ok:
-                print(f"--- {r.paper}/{r.name}\n{r.error}", file=sys.stderr)
-        return 1
-    return 0
+    return summarise(results, args.out)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -65,7 +65,7 @@ def main(
 
 
 def _train_and_report(model: str, steps: int, max_tokens: int, runs_dir: str | Path, out: Path) -> int:
-    from workbench.reports.reproduce import reproduce
+    from workbench.reports.reproduce import reproduce, summarise
     from workbench.reports.sample import train_sample_run
 
     print(f"\n==> training '{model}' on MarsRL for {steps} step(s), held-out evaluation after each")
@@ -74,13 +74,4 @@ def _train_and_report(model: str, steps: int, max_tokens: int, runs_dir: str | P
     print(
         f"\n==> regenerating MarsRL's figures and tables from it (workbench reproduce marsrl --runs {run_dir})"
     )
-    results = reproduce("marsrl", str(run_dir), out)
-    for r in results:
-        outputs = ", ".join(str(p) for p in r.outputs if p.suffix in (".png", ".csv")) or "-"
-        print(f"  {'ok' if r.ok else 'FAILED'} {r.name}: {outputs}")
-    print(f"\nfigures and tables: {out / 'index.html'}")
-    failed = [r.name for r in results if not r.ok]
-    if failed:
-        print(f"error: report notebook(s) failed: {', '.join(failed)}")
-        return 1
-    return 0
+    return summarise(reproduce("marsrl", str(run_dir), out), out)

@@ -118,3 +118,19 @@ def write_index(results: Sequence[NotebookResult], out: Path) -> Path:
     index = out / "index.html"
     index.write_text(page)
     return index
+
+
+def summarise(results: Sequence[NotebookResult], out: str | Path) -> int:
+    """Print a line per notebook and where the index is; name the failed ones on stderr. The exit code."""
+    for r in results:
+        shown = ", ".join(p.name for p in r.outputs if p.suffix in (".png", ".csv")) or "-"
+        print(f"{'ok    ' if r.ok else 'FAILED'} {r.paper}/{r.name} ({r.seconds:.0f} s): {shown}")
+    print(f"figures and tables: {Path(out) / 'index.html'}")
+    failed = [r for r in results if not r.ok]
+    if failed:
+        names = ", ".join(f"{r.paper}/{r.name}" for r in failed)
+        print(f"error: {len(failed)} notebook(s) failed: {names}", file=sys.stderr)
+        for r in failed:
+            print(f"--- {r.paper}/{r.name}\n{r.error}", file=sys.stderr)
+        return 1
+    return 0

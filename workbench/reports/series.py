@@ -234,11 +234,9 @@ def benchmark_of(run_dir: Path) -> str:
         tasks = reader.config.get("tasks")
         if isinstance(tasks, str):
             return Path(tasks).stem
-        episodes = reader.episodes()
-    sources = [
-        str(m.get("source")) for m in episodes["task_meta"] if isinstance(m, Mapping) and m.get("source")
-    ]
-    return sources[0] if sources else "tasks"
+        first = reader.sql("SELECT task_meta FROM episodes WHERE task_meta IS NOT NULL ORDER BY id LIMIT 1")
+    meta = first["task_meta"].iloc[0] if len(first) else {}
+    return str(meta.get("source") or "tasks")
 
 
 def heldout_accuracy(runs: Mapping[str, Path]) -> pd.DataFrame:
