@@ -18,11 +18,13 @@ export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS ?= 1
 
-.PHONY: demo test lint env-demo env-test chromium clean help
+.PHONY: demo test lint env-demo env-test chromium clean help perf perf-quick
 
 help:
 	@echo "make demo  - install and run the main job (a rollout on the local SmolLM2-135M)"
 	@echo "make test  - install the test tools and run the whole suite"
+	@echo "make perf-quick - the benchmark suite in quick mode (into artifacts/perf/)"
+	@echo "make perf  - the benchmark suite in full mode (into tests/perf/results/), then the README's table"
 
 $(VENV)/bin/python:
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run 'make PYTHON=/path/to/python3.11 ...'"; exit 1; }
@@ -68,6 +70,14 @@ test: env-test chromium
 	$(VENV)/bin/pytest -n 2 --dist loadfile -m "not vllm" tests notebooks reports --nbval-lax $(PYTEST_ARGS)
 	@echo "==> pytest, vLLM phase (one engine at a time, nothing beside it)"
 	$(VENV)/bin/pytest -m vllm tests $(PYTEST_ARGS)
+
+# The benchmark suite (tests/perf/suite.py); on a GPU machine: python -m tests.perf --profile gpu.
+perf-quick: env-test
+	$(PY) -m tests.perf --quick
+
+perf: env-test
+	$(PY) -m tests.perf
+	$(PY) -m tests.perf.report
 
 lint: env-test
 	$(VENV)/bin/ruff check .

@@ -263,6 +263,73 @@ def test_concurrent_requests_all_complete_with_exact_tokens(backend, reference, 
         assert gen.logprobs == pytest.approx(expected, abs=1e-3)
 
 
+def test_requests_with_their_own_limits_and_stops_decode_together_as_each_would_alone(
+    backend, reference, prompts
+):
+    """Solver, Verifier and Corrector requests differ in max_tokens and stops; one batch serves them all."""
+    tok = reference.tokenizer
+    prompt = prompts["chat"]
+    free, _ = reference.greedy(prompt, 17)
+    stop = tok.decode(free[5:6]).strip() or tok.decode(free[5:7])
+    cut, _ = cut_at_stop(tok, free, (stop,))
+    limits = (3, 9, 17)
+    requests = [GenerationRequest(prompt, max_tokens=m, temperature=0.0) for m in limits]
+    requests.append(GenerationRequest(prompt, max_tokens=17, temperature=0.0, stop=(stop,)))
+    requests.append(GenerationRequest(prompts["raw"], max_tokens=5, temperature=0.0, stop=("@@never@@",)))
+    together = generate(backend, *requests)
+    for request, (gen,) in zip(requests, together, strict=True):
+        ((alone,),) = generate(backend, request)
+        assert gen.completion_ids == alone.completion_ids
+        assert gen.logprobs == pytest.approx(alone.logprobs, abs=1e-3)
+        assert gen.text == alone.text
+        assert (gen.finish_reason, gen.stop_reason) == (alone.finish_reason, alone.stop_reason)
+    for m, (gen,) in zip(limits, together, strict=False):
+        expected, _ = reference.greedy(prompt, m)
+        assert gen.completion_ids == expected
+        assert gen.finish_reason == ("length" if len(expected) == m else "stop")
+    (stopped,) = together[3]
+    assert stopped.completion_ids == free[:cut]
+    assert (stopped.finish_reason, stopped.stop_reason) == ("stop", stop)
+    assert len(together[4][0].completion_ids) == 5 and together[4][0].finish_reason == "length"
+    if backend.name == "hf":
+        assert {g.timings["batch_size"] for (g,) in together} == {5.0}, "one batch for all five"
+
+
+def test_ignore_eos_decodes_every_sample_to_max_tokens(backend, reference, prompts):
+    """Rows with and without ``ignore_eos`` share a batch; only the latter stop at end-of-sequence."""
+    eos = reference.eos
+    prompt = prompts["short"]
+    plain = GenerationRequest(prompt, max_tokens=40, temperature=1.0, n=48, seed=5)
+    fixed = GenerationRequest(prompt, max_tokens=40, temperature=1.0, n=48, seed=5, ignore_eos=True)
+    stopping, ignoring = generate(backend, plain, fixed)
+    assert [len(g.completion_ids) for g in ignoring] == [40] * 48
+    assert {g.finish_reason for g in ignoring} == {"length"}
+    assert all(len(g.logprobs) == 40 for g in ignoring)
+    early = [g for g in stopping if len(g.completion_ids) < 40]
+    assert early, "no sample ended at end-of-sequence: the test shows nothing"
+    for g in stopping:
+        ended = g.completion_ids[-1] in eos
+        assert g.finish_reason == ("stop" if ended else "length")
+        assert not any(t in eos for t in g.completion_ids[:-1]) and len(g.logprobs) == len(g.completion_ids)
+    assert all(g.completion_ids[-1] in eos for g in early)
+
+
+def test_requests_ready_a_tick_apart_share_one_batch(tiny_model_path):
+    backend = make_backend("hf", str(tiny_model_path))
+
+    async def later(ticks: int, prompt: list[int]):
+        for _ in range(ticks):
+            await asyncio.sleep(0)
+        return await backend.generate(GenerationRequest(prompt, max_tokens=3 + ticks, temperature=0.0))
+
+    async def go():
+        return await asyncio.gather(*(later(i % 3, [10 + i, 11, 12]) for i in range(12)))
+
+    results = asyncio.run(go())
+    assert [g.timings["batch_size"] for (g,) in results] == [12.0] * 12
+    backend.close()
+
+
 def test_policy_version_is_copied_to_every_generation(backend, prompts):
     assert isinstance(backend, Backend)
     backend.policy_version = 7

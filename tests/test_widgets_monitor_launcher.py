@@ -48,6 +48,20 @@ def test_the_monitor_reads_only_new_complete_steps_per_role(tmp_path):
     store.close()
 
 
+def test_the_monitor_shows_the_bubble_gauge_beside_the_rewards(tmp_path):
+    store = RunStore.create(tmp_path, config={"kind": "train"})
+    for index, (rollout, trainer) in enumerate([(0.2, 0.8), (0.1, 0.3)]):
+        with store.step(index) as step:
+            step.log_metrics({"reward/mean": 0.5, "bubble/rollout": rollout, "bubble/trainer": trainer})
+    monitor = RewardMonitor(store.run_dir, live=False)
+    idle = monitor.feed.series(next(q for q in QUANTITIES if q.title == "idle share of a step"))
+    trainer = idle.query("label == 'run · bubble/trainer'")
+    assert set(idle["label"]) == {"run · bubble/rollout", "run · bubble/trainer"}
+    assert trainer["value"].tolist() == pytest.approx([0.8, 0.3])
+    monitor.close()
+    store.close()
+
+
 def test_a_viewer_cannot_launch_or_stop(tmp_path):
     launcher = RunLauncher(tmp_path / "runs", can_operate=lambda: False, mode="rollout", model="tiny")
     with pytest.raises(PermissionDenied):

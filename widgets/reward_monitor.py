@@ -1,7 +1,8 @@
 """RewardMonitor: live per-role curves of a run, streamed from its store while the run writes.
 
 ``RewardMonitor(run_dir)`` shows one HoloViews panel per quantity (reward, accuracy, response length,
-tool calls, verifier verdict accuracy, gradient share), one curve per role, and a header with the
+tool calls, verifier verdict accuracy, gradient share, the rollout's and the trainer's idle shares of a
+step), one curve per role, and a header with the
 last complete step. ``poll()`` reads only the metric rows written since the last poll (by id), so a
 long run costs the same per poll as a short one; served or in JupyterLab, a periodic callback polls
 every ``interval_ms``. Curves stream through ``hv.streams.Pipe``, so a poll redraws only new data.
@@ -42,6 +43,8 @@ QUANTITIES = (
     Quantity("tool calls per call", ("tool_calls/mean", "tool_calls/per_question")),
     Quantity("gradient share", ("grad_share",)),
     Quantity("format rate", ("format/rate",)),
+    # the bubble gauge: shares of each step the rollout backends and the trainer sat idle
+    Quantity("idle share of a step", ("bubble/rollout", "bubble/trainer")),
 )
 
 

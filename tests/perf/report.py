@@ -1,16 +1,26 @@
 """Writes the README's performance section from the benchmarks' JSON results (never by hand).
 
-    python -m tests.perf.report            # reads tests/perf/results/*.json, rewrites README.md
+    python -m tests.perf.report                    # tests/perf/results/ (and results/gpu/), rewrites README.md
+    python -m tests.perf.report --print            # prints the section instead
+    python -m tests.perf.report --results artifacts/perf --print   # a quick suite's figures
 
-Each benchmark's JSON is rendered by a function below; the section sits between the
-``<!-- perf:begin -->`` and ``<!-- perf:end -->`` markers.
+A results folder holds the suite's ``suite.json`` (``python -m tests.perf``) and one JSON per benchmark.
+The suite's benchmarks are read from ``suite.json`` when it is there, any other benchmark from its own
+file (one run alone with ``python -m tests.perf.bench_<name>``). The section opens with the headline
+ratios (``tests.perf.suite.BENCHMARKS`` reads them off each benchmark's JSON), then each benchmark's
+JSON is rendered by a function below; a ``gpu/`` sub-folder (``--profile gpu``) gets a part of its own.
+It sits between the ``<!-- perf:begin -->`` and ``<!-- perf:end -->`` markers.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from pathlib import Path
+from typing import Any
+
+from tests.perf.suite import BENCHMARKS, base_name, headlines
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).parent / "results"
@@ -84,9 +94,7 @@ def render_backends(r: dict) -> str:
     lines += [f"| {k} | {b['tokens_per_s']} | {b['startup_s']} s |" for k, b in r["backends"].items()]
     base = r["backends"].get("hf", {}).get("tokens_per_s")
     if base and "vllm" in r["backends"]:
-        lines.append(
-            f"\nvLLM's CPU build / transformers: {r['backends']['vllm']['tokens_per_s'] / base:.2f}x."
-        )
+        lines.append(f"\nvLLM / transformers: {r['backends']['vllm']['tokens_per_s'] / base:.2f}x.")
     return "\n".join(lines)
 
 
@@ -168,6 +176,42 @@ def render_dashboard_load(r: dict) -> str:
     )
 
 
+def render_schedulers(r: dict) -> str:
+    w, m = r["workload"], r["machine"]
+    shape = ", ".join(
+        f"{label} {w[key]}"
+        for key, label in (
+            ("steps", "steps"),
+            ("batch_size", "batch"),
+            ("group_size", "group"),
+            ("rounds", "rounds"),
+        )
+        if key in w
+    )
+    lengths = (
+        f"completion lengths {w.get('length_distribution', 'long-tailed')}, median {w['length_median']}, "
+        f"at most {w['length_cap']} tokens"
+        if "length_median" in w
+        else w.get("length_distribution", "long-tailed completion lengths")
+    )
+    lines = [
+        f"**Schedulers on a long-tail workload** ({r['mode']} mode, {r.get('model', '')}, "
+        f"{w.get('topology', '')}; {shape}; {lengths}; {m['cpus']} CPUs, {r['when']}): samples trained per "
+        "second of each scheduler, the schedulers taking turns in one run (ratio = its samples/s / sync's).",
+        "",
+        "| scheduler | samples/s | vs sync |",
+        "|---|---|---|",
+    ]
+    for name, rate in r["samples_per_s"].items():
+        ratio = 1.0 if name == "sync" else r["ratios"].get(f"{name}_vs_sync")
+        lines.append(f"| {name} | {rate:.2f} | {'-' if ratio is None else f'{ratio:.2f}x'} |")
+    tokens = r.get("token_ratios")
+    if tokens:
+        same = ", ".join(f"{k.removesuffix('_vs_sync')} {v:.2f}" for k, v in tokens.items())
+        lines.append(f"\nCompletion tokens generated, against sync's: {same}.")
+    return "\n".join(lines)
+
+
 RENDERERS = {
     "store": render_store,
     "binpack": render_binpack,
@@ -177,29 +221,111 @@ RENDERERS = {
     "trainer": render_trainer,
     "dashboard_queries": render_dashboard_queries,
     "dashboard_load": render_dashboard_load,
+    "schedulers": render_schedulers,
 }
 
 
-def section() -> str:
-    parts = []
-    for path in sorted(RESULTS.glob("*.json")):
+def load_results(folder: Path) -> tuple[dict[str, dict], dict[str, Any] | None]:
+    """The benchmarks' JSON in ``folder`` by name (``suite.json``'s first, then lone files), and ``suite.json``."""
+    suite_path = folder / "suite.json"
+    suite = json.loads(suite_path.read_text()) if suite_path.is_file() else None
+    results: dict[str, dict] = {}
+    if suite is not None:
+        results = {
+            name: r
+            for name, r in suite["benchmarks"].items()
+            if suite.get("status", {}).get(name, "ok") == "ok"
+        }
+    for path in sorted(folder.glob("*.json")):
+        if path.name == "suite.json":
+            continue
         result = json.loads(path.read_text())
-        render = RENDERERS.get(result.get("benchmark", path.stem))
-        if render is not None:
-            parts.append(render(result))
-    return (
-        "\n\n".join(parts) if parts else "_No benchmark results yet: run `python -m tests.perf.bench_store`._"
+        name = path.stem if "@" in path.stem else result.get("benchmark", path.stem)
+        results.setdefault(name, result)
+    order = {name: i for i, name in enumerate(BENCHMARKS)}
+    return dict(
+        sorted(results.items(), key=lambda kv: (order.get(base_name(kv[0]), len(order)), kv[0]))
+    ), suite
+
+
+def headline_table(results: dict[str, dict]) -> str:
+    rows = []
+    for name, result in results.items():
+        if base_name(name) not in BENCHMARKS:
+            continue
+        try:
+            figures = headlines(name, result)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            continue
+        when = result.get("when") or result.get("finished") or ""
+        rows += [
+            f"| {name} | {h['measure']} | {h['ratio']:.2f} | {h['meaning']} | {result.get('mode', '')}, {when[:10]} |"
+            for h in figures
+        ]
+    if not rows:
+        return ""
+    return "\n".join(
+        ["| benchmark | figure | ratio | what is compared | run |", "|---|---|---|---|---|", *rows]
     )
 
 
-def update_readme(readme: Path = ROOT / "README.md") -> None:
+def render_folder(folder: Path) -> str:
+    results, suite = load_results(folder)
+    parts = []
+    if suite is not None:
+        m = suite["machine"]
+        on = f"{m['cpus']} CPUs" + (f", {m['gpu']}" if m.get("gpu") else "")
+        others = sorted(set(results) - set(suite["benchmarks"]))
+        parts.append(
+            f"Suite run of {suite['when']} ({suite['mode']} mode, profile {suite['profile']}, {on})"
+            + (f"; {', '.join(others)} from their own latest run." if others else ".")
+        )
+    table = headline_table(results)
+    if table:
+        parts.append(table)
+    for name, result in results.items():
+        render = RENDERERS.get(base_name(name))
+        if render is not None:
+            parts.append(render(result) if "@" not in name else f"_{name}:_ " + render(result))
+    return "\n\n".join(parts)
+
+
+def section(results: Path = RESULTS) -> str:
+    parts = []
+    cpu = render_folder(results)
+    parts.append(cpu or "_No benchmark results yet: run `python -m tests.perf`._")
+    gpu = render_folder(results / "gpu") if (results / "gpu").is_dir() else ""
+    parts.append(
+        "### GPU profile\n\n"
+        + (gpu or "_No GPU figures yet: run `python -m tests.perf --profile gpu` on a GPU machine (above)._")
+    )
+    return "\n\n".join(parts)
+
+
+def update_readme(readme: Path = ROOT / "README.md", results: Path = RESULTS) -> None:
     text = readme.read_text()
     pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
     if not pattern.search(text):
         raise SystemExit(f"{readme} has no {BEGIN} ... {END} markers")
-    readme.write_text(pattern.sub(lambda _: f"{BEGIN}\n{section()}\n{END}", text))
+    readme.write_text(pattern.sub(lambda _: f"{BEGIN}\n{section(results)}\n{END}", text))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--results", type=Path, default=RESULTS, help="results folder (default tests/perf/results)"
+    )
+    parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    parser.add_argument(
+        "--print", action="store_true", help="print the section instead of writing the README"
+    )
+    args = parser.parse_args(argv)
+    if args.print:
+        print(section(args.results))
+        return
+    update_readme(args.readme, args.results)
+    print(f"updated the performance section of {args.readme} from {args.results}")
 
 
 if __name__ == "__main__":
-    update_readme()
-    print(f"updated the performance section of {ROOT / 'README.md'}")
+    main()

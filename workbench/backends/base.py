@@ -10,6 +10,8 @@ Semantics every backend follows:
   token that completed the stop string, ``text`` is their decoding, ``stop_reason`` names the string.
 - ``finish_reason`` is ``"stop"`` (end-of-sequence or a stop string) or ``"length"`` (``max_tokens``).
 - ``logprobs`` are the raw model's log-probabilities of the sampled tokens (before temperature).
+- ``ignore_eos`` decodes on past end-of-sequence to ``max_tokens`` (vLLM's ``SamplingParams.ignore_eos``):
+  benchmarks use it to fix completion lengths.
 - ``adapter`` names a LoRA adapter of the base model, for roles bound to per-role adapters.
 - ``retokenized`` is True only where a backend could not get the engine's token ids (an
   OpenAI-compatible server without token-id output) and re-tokenised the text: such samples
@@ -33,10 +35,20 @@ class GenerationRequest:
     n: int = 1
     seed: int | None = None
     adapter: str | None = None
+    ignore_eos: bool = False
 
     def sampling_key(self) -> tuple:
         """Requests with the same key can be decoded in one batch."""
-        return (self.max_tokens, self.temperature, self.top_p, self.top_k, self.stop, self.seed, self.adapter)
+        return (
+            self.max_tokens,
+            self.temperature,
+            self.top_p,
+            self.top_k,
+            self.stop,
+            self.seed,
+            self.adapter,
+            self.ignore_eos,
+        )
 
 
 @dataclass

@@ -1,21 +1,24 @@
-"""Generation with transformers ``generate``: the small CPU fallback backend.
+"""Generation with a transformers model: the small CPU fallback backend.
 
 Concurrent requests (many agents of many episodes at once) are collected by a micro-batcher
-and decoded together in one left-padded ``generate`` call per sampling setting. Log-probs are
-those of the raw model distribution for the sampled tokens (as vLLM reports by default).
+and decoded together in one left-padded batch per sampling setting (temperature, top-p/k, seed,
+adapter); each row keeps its own ``max_tokens``, stop strings and ``ignore_eos``, so different
+agents' requests share a batch. The decode loop (``workbench.backends.hf_decode``) drops rows
+from the batch as they finish; log-probs are those of the raw model distribution for the sampled
+tokens (as vLLM reports by default).
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from transformers import StoppingCriteria
-
 from workbench.backends.base import BackendError, Generation, GenerationRequest, cut_at_stop
+from workbench.backends.hf_decode import decode
 
 
 class HFBackend:
@@ -24,7 +27,7 @@ class HFBackend:
     name = "hf"
 
     def __init__(
-        self, model: str | Path | Any, tokenizer: Any = None, max_batch: int = 32, dtype: str = "float32"
+        self, model: str | Path | Any, tokenizer: Any = None, max_batch: int = 128, dtype: str = "float32"
     ):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -41,6 +44,9 @@ class HFBackend:
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
         self.max_batch = max_batch
         self.policy_version = 0
+        self._weights_lock = threading.Lock()  # held while a batch decodes
+        self._pending_lock = threading.Lock()
+        self._pending: tuple[dict[str, Any], int] | None = None  # weights waiting for the next batch
         self._queue: list[tuple[GenerationRequest, asyncio.Future]] = []
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
@@ -58,16 +64,20 @@ class HFBackend:
     async def _serve(self) -> None:
         while True:
             await self._wakeup.wait()
-            await asyncio.sleep(0)  # let every ready coroutine enqueue before we batch
+            for _ in range(10):  # let every ready coroutine enqueue before we batch
+                queued = len(self._queue)
+                await asyncio.sleep(0)
+                if len(self._queue) == queued:
+                    break
             self._wakeup.clear()
             pending, self._queue = self._queue, []
             groups: dict[tuple, list] = defaultdict(list)
             for request, future in pending:
-                groups[request.sampling_key()].append((request, future))
+                groups[_batch_key(request)].append((request, future))
             for items in groups.values():
                 for batch in _batches(items, self.max_batch):
                     try:
-                        results = await asyncio.to_thread(self._generate_batch, [r for r, _ in batch])
+                        results = await _in_own_thread(self._generate_batch, [r for r, _ in batch])
                     except Exception as error:  # noqa: BLE001 - hand the failure to every waiter
                         for _, future in batch:
                             if not future.done():
@@ -77,8 +87,31 @@ class HFBackend:
                         if not future.done():
                             future.set_result(result)
 
-    def _generate_batch(self, requests: list[GenerationRequest]) -> list[list[Generation]]:
+    def load_state(self, state: dict[str, Any], *, policy_version: int) -> None:
+        """Hand trained weights to the served model: applied at once when no batch is decoding, else
+        right before the next batch (never during one); the caller does not wait for a batch to end."""
+        snapshot = {name: tensor.detach().clone() for name, tensor in state.items()}
+        with self._pending_lock:
+            self._pending = (snapshot, policy_version)
+        if self._weights_lock.acquire(blocking=False):
+            try:
+                self._apply_pending()
+            finally:
+                self._weights_lock.release()
 
+    def _apply_pending(self) -> None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, None
+        if pending is not None:
+            self.model.load_state_dict(pending[0], strict=False)
+            self.policy_version = pending[1]
+
+    def _generate_batch(self, requests: list[GenerationRequest]) -> list[list[Generation]]:
+        with self._weights_lock:
+            self._apply_pending()
+            return self._generate_batch_unlocked(requests)
+
+    def _generate_batch_unlocked(self, requests: list[GenerationRequest]) -> list[list[Generation]]:
         started = time.perf_counter()
         first = requests[0]
         with self._adapter(first.adapter):
@@ -129,37 +162,25 @@ class HFBackend:
         for i, r in enumerate(rows):
             input_ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
             attention[i, width - len(r.prompt_ids) :] = 1
-        greedy = first.temperature == 0.0
         if first.seed is not None:
             torch.manual_seed(first.seed)
-        with torch.no_grad():
-            sequences = self.model.generate(
-                input_ids=input_ids,
-                attention_mask=attention,
-                max_new_tokens=first.max_tokens,
-                do_sample=not greedy,
-                temperature=None if greedy else first.temperature,
-                top_p=None if greedy else first.top_p,
-                top_k=None if greedy else first.top_k,
-                pad_token_id=pad_id,
-                eos_token_id=self.eos_ids,
-                stopping_criteria=[_StopStrings(self.tokenizer, first.stop, width)] if first.stop else None,
-            )
-            new_tokens = sequences[:, width:]
-            chosen = self._logprobs(sequences, attention, width)
+        completions, chosen = decode(self.model, self.tokenizer, input_ids, attention, rows, self.eos_ids)
         elapsed = time.perf_counter() - started
         generations = []
-        for i in range(len(rows)):
-            ids = new_tokens[i].tolist()
-            n = next((k + 1 for k, t in enumerate(ids) if t in self.eos_ids), len(ids))
-            finish = "stop" if ids[:n] and ids[n - 1] in self.eos_ids else "length"
-            cut, stop_reason = cut_at_stop(self.tokenizer, ids[:n], first.stop)
+        for i, r in enumerate(rows):
+            ids = completions[i]
+            n, finish = len(ids), "length"
+            if not r.ignore_eos:
+                end = next((k + 1 for k, t in enumerate(ids) if t in self.eos_ids), None)
+                if end is not None:
+                    n, finish = end, "stop"
+            cut, stop_reason = cut_at_stop(self.tokenizer, ids[:n], r.stop)
             if stop_reason is not None:
                 n, finish = cut, "stop"
             generations.append(
                 Generation(
                     completion_ids=ids[:n],
-                    logprobs=chosen[i, :n].tolist(),
+                    logprobs=chosen[i][:n],
                     text=self.tokenizer.decode(ids[:n], skip_special_tokens=True),
                     finish_reason=finish,
                     stop_reason=stop_reason,
@@ -173,42 +194,42 @@ class HFBackend:
             i += r.n
         return out
 
-    def _logprobs(self, sequences: Any, prompt_mask: Any, width: int) -> Any:
-        """Raw-model log-probs of the generated tokens, from one teacher-forced pass (cheaper than
-        keeping every step's logits during generation)."""
-        import torch
-
-        mask = torch.cat([prompt_mask, torch.ones_like(sequences[:, width:])], dim=1)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = self.model(input_ids=sequences, attention_mask=mask, position_ids=positions).logits
-        logprobs = logits[:, width - 1 : -1].float().log_softmax(-1)
-        return logprobs.gather(-1, sequences[:, width:].unsqueeze(-1)).squeeze(-1)
-
     def close(self) -> None:
         if self._worker is not None:
             self._worker.cancel()
 
 
-class _StopStrings(StoppingCriteria):
-    """Ends a row once its decoded completion contains a stop string (the rule of ``cut_at_stop``).
+async def _in_own_thread(function: Any, *args: Any) -> Any:
+    """Run ``function`` on a thread of its own that ends with it.
 
-    transformers' own ``stop_strings`` matches token strings and can end a row early (it stopped
-    after one newline token for the stop string of two newlines), so rows are checked on decoded
-    text: at each step only the tail of each completion, long enough to hold any stop string.
+    Not ``asyncio.to_thread``: an executor thread that ran torch ops and then waits idle in the pool
+    slows every torch op of the other threads (measured: a trainer step 4x slower on 2 cores while
+    a long-lived rollout loop kept its executor), which a thread that exits does not.
     """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future = loop.create_future()
 
-    def __init__(self, tokenizer: Any, stop: tuple[str, ...], width: int):
-        self.tokenizer, self.stop, self.width = tokenizer, [s for s in stop if s], width
-        self.tail = 4 * max((len(s.encode()) for s in self.stop), default=1) + 4  # tokens: >= 1 byte each
+    def settle(outcome: Any, failed: bool) -> None:
+        if not future.done():
+            future.set_exception(outcome) if failed else future.set_result(outcome)
 
-    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-        import torch
+    def run() -> None:
+        try:
+            outcome, failed = function(*args), False
+        except BaseException as error:  # noqa: BLE001 - handed to the awaiting coroutine
+            outcome, failed = error, True
+        loop.call_soon_threadsafe(settle, outcome, failed)
 
-        done = [
-            any(s in self.tokenizer.decode(row[-self.tail :], skip_special_tokens=False) for s in self.stop)
-            for row in input_ids[:, self.width :].tolist()
-        ]
-        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+    threading.Thread(target=run, name="hf-decode", daemon=True).start()
+    return await future
+
+
+def _batch_key(request: GenerationRequest) -> tuple:
+    """Requests with the same key share one decode batch (``max_tokens``, stops and ``ignore_eos`` are per row).
+
+    Not ``GenerationRequest.sampling_key``: that one also holds the per-row settings.
+    """
+    return (request.temperature, request.top_p, request.top_k, request.seed, request.adapter)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:

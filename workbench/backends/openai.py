@@ -140,6 +140,8 @@ class OpenAIBackend:
             )
             if request.top_k:
                 body["top_k"] = request.top_k
+            if request.ignore_eos:
+                body["ignore_eos"] = True
         return body
 
     async def _post(self, body: dict[str, Any]) -> dict[str, Any]:

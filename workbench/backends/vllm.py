@@ -190,6 +190,7 @@ class VLLMBackend:
                 top_p=request.top_p,
                 top_k=request.top_k or 0,
                 seed=request.seed,
+                ignore_eos=request.ignore_eos,
                 stop=list(request.stop) or None,
                 include_stop_str_in_output=True,
                 logprobs=0,

@@ -13,7 +13,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -150,7 +150,13 @@ class Rollout:
         record.reward = assign(self.topology, record, task)
         return record
 
-    async def grouped(self, task: Task, group_size: int) -> list[EpisodeRecord]:
+    async def grouped(
+        self,
+        task: Task,
+        group_size: int,
+        on_level: Callable[[Task, list[EpisodeRecord]], None] | None = None,
+        gate: Callable[[], Awaitable[None]] | None = None,
+    ) -> list[EpisodeRecord]:
         """MarsRL's grouped agentic rollout of one task: ``group_size`` episodes that fan out as they go.
 
         The start node is sampled ``group_size`` times (one episode each). Where a node has ``select``,
@@ -159,6 +165,10 @@ class Rollout:
         times; so every group shares one input. Calls descending from an episode's first call stay in
         that episode, each with its ``source``. An episode's answer is the flow's answer over its
         first call's variables (the Solver's solution).
+
+        ``on_level`` is called after each level (one node on every live branch) with the group's
+        episodes as they stand, and ``gate`` is awaited before every level but the first: an
+        agent-level pipeline runs one level of every group per step and trains its scored calls.
         """
         base = {**self.topology.params, "question": task.question, "task": task.to_dict()}
         states = [
@@ -169,6 +179,8 @@ class Rollout:
         frontier = {flow.start: [_Branch(dict(base), s) for s in states]}
         first = True
         while frontier:
+            if gate is not None and not first:
+                await gate()
             jobs: list[tuple[str, _Branch]] = []
             for node_name, branches in frontier.items():
                 select = getattr(flow.nodes[node_name], "select", None)
@@ -180,6 +192,8 @@ class Rollout:
                     branches = [b.fork() for b in chosen for _ in range(n)]
                 jobs += [(node_name, b) for b in branches]
             results = await asyncio.gather(*(self._advance(flow, name, b, task) for name, b in jobs))
+            if on_level is not None:
+                on_level(task, [s.record for s in states])
             frontier = {}
             for (_, branch), goto in zip(jobs, results, strict=True):
                 if first:
@@ -239,10 +253,12 @@ class Rollout:
         tasks: Iterable[Task],
         group_size: int = 1,
         progress: Callable[[EpisodeRecord], None] | None = None,
+        on_level: Callable[[Task, list[EpisodeRecord]], None] | None = None,
     ) -> list[EpisodeRecord]:
         """``group_size`` episodes per task, all concurrently; results in task-major order.
 
-        ``progress`` is called with each episode as it finishes (a progress bar's update).
+        ``progress`` is called with each episode as it finishes (a progress bar's update);
+        ``on_level`` after each level of a grouped rollout (see ``grouped``).
         """
 
         async def one(task: Task, sample: int) -> EpisodeRecord:
@@ -254,7 +270,7 @@ class Rollout:
         if self.grouped_mode:
 
             async def group(task: Task) -> list[EpisodeRecord]:
-                records = await self.grouped(task, group_size)
+                records = await self.grouped(task, group_size, on_level)
                 for record in records:
                     if progress is not None:
                         progress(record)

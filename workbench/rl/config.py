@@ -62,6 +62,28 @@ class TrainConfig:
     train_roles: list | None = _f(
         None, "Roles whose samples enter the loss (MarsRL-S: [solver]); None: every trainable role."
     )
+    # ---- scheduling (workbench.rl.scheduling)
+    scheduler: str = _f(
+        "sync",
+        "How rollout and training take turns: sync (roll out, then train), async (rollout runs ahead by at most "
+        "max_staleness versions), pipeline (MarsRL's agent-level pipeline: new problems' first agents and earlier "
+        "problems' next agents in one batch; grouped flows).",
+    )
+    max_staleness: int = _f(
+        1,
+        "async: most policy versions between the policy that generated a sample and the one that trains on it; "
+        "pipeline: 1 rolls the next step's level out during the update, 0 keeps them apart.",
+    )
+    segment_len: int | None = _f(
+        None,
+        "Decode at most this many tokens of a request before it queues again (segment rollout); None: off.",
+    )
+    stale_ratio: str = _f(
+        "recompute",
+        "Importance ratio of samples from older policies: recompute (old log-probs from the trainer's weights "
+        "before the update), behaviour (the engine's log-probs of the policy that sampled them), truncated "
+        "(recompute, weighted by min(old/engine, engine_ratio_cap or 2)).",
+    )
     # ---- optimisation
     learning_rate: float = _f(1e-6, "AdamW learning rate (constant).")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
@@ -107,6 +129,16 @@ class TrainConfig:
             )
         if self.policies not in ("shared", "lora", "separate"):
             problems.append(f"policies must be shared, lora or separate, got {self.policies!r}")
+        if self.scheduler not in ("sync", "async", "pipeline"):
+            problems.append(f"scheduler must be sync, async or pipeline, got {self.scheduler!r}")
+        if not isinstance(self.max_staleness, int) or self.max_staleness < 0:
+            problems.append(f"max_staleness must be an integer >= 0, got {self.max_staleness!r}")
+        if self.segment_len is not None and (not isinstance(self.segment_len, int) or self.segment_len < 1):
+            problems.append(f"segment_len must be a positive integer or None, got {self.segment_len!r}")
+        if self.stale_ratio not in ("recompute", "behaviour", "truncated"):
+            problems.append(
+                f"stale_ratio must be recompute, behaviour or truncated, got {self.stale_ratio!r}"
+            )
         if self.backend not in ("hf", "vllm"):
             problems.append(f"backend must be hf or vllm, got {self.backend!r}")
         if not self.learning_rate > 0:
@@ -182,7 +214,10 @@ class TrainConfig:
                 aggregation=self.aggregation,  # type: ignore[arg-type]
                 kl_coef=self.kl_coef,
                 entropy_coef=self.entropy_coef,
-                engine_ratio_cap=self.engine_ratio_cap,
+                engine_ratio_cap=(self.engine_ratio_cap or 2.0)
+                if self.stale_ratio == "truncated"
+                else self.engine_ratio_cap,
+                old_from_engine=self.stale_ratio == "behaviour",
                 mastered_prob=self.mastered_prob,
             ),
         )

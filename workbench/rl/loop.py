@@ -1,9 +1,12 @@
-"""The synchronous training loop (MARS style): roll out, score, compute advantages, update, sync, store.
+"""The training loop: take the step's rollout from the scheduler, score, compute advantages, update, sync, store.
 
-Every step takes the next ``batch_size`` tasks of a seeded per-epoch shuffle (so a resumed run sees
-the same data order), rolls out ``group_size`` samples each with the current policy, turns the
+Every step's batch is the next ``batch_size`` tasks of a seeded per-epoch shuffle (so a resumed run sees
+the same data order), rolled out ``group_size`` times each. The scheduler (``config.scheduler``, see
+``workbench.rl.scheduling``) decides when: synchronously with the current policy, ahead of training
+within ``max_staleness`` versions, or as MarsRL's agent-level pipeline. The loop turns the
 rewarded calls into samples, computes group advantages and balancing, updates the policy, makes
-the new weights reach the rollout backend (the hf backend shares the model object; vLLM reloads
+the new weights reach the rollout backend (the hf backend shares the model object, or under async
+serves a copy refreshed between batches; vLLM reloads
 them from a saved copy, with a timeout), then stores the step's calls, advantages and metrics.
 Checkpoints every ``checkpoint_every`` steps; a resumed run restarts after its newest checkpoint
 and discards the stored steps after it, so no step is lost or duplicated.
@@ -25,6 +28,13 @@ from workbench.rl.evaluation import evaluate
 from workbench.rl.metrics import learning_metrics, rollout_metrics
 from workbench.rl.policies import PolicySet, per_role_policies
 from workbench.rl.samples import from_episodes
+from workbench.rl.scheduling import (
+    bubble_metrics,
+    busiest,
+    input_lag_metrics,
+    make_scheduler,
+    rollout_backends,
+)
 from workbench.rl.trainer import PolicyTrainer
 
 
@@ -75,7 +85,6 @@ def run_training(
     import torch
 
     from workbench.engine import Rollout
-    from workbench.engine.runner import run_sync
     from workbench.models import load as load_model
     from workbench.runs import with_sampling, write_step
     from workbench.store import RunStore
@@ -95,13 +104,17 @@ def run_training(
     by_id = {t.id: t for t in [*tasks, *eval_tasks]}
 
     store = RunStore.open(run_dir)
+    scheduler = None
     try:
         model, tokenizer = load_model(config.model)
         ref = copy.deepcopy(model).eval() if config.kl_coef else None
         lora = {"r": config.lora_rank, "lora_alpha": config.lora_alpha, "target_modules": config.lora_targets}
         policies = PolicySet(topology, model, tokenizer, config.policies, lora)
         trainer = PolicyTrainer(policies.models, config.optim(), ref_model=ref, activate=policies.activate)
-        backends = policies.backends(config.backend, config.model)
+        # a rollout running beside the update generates from its own copy of the weights
+        beside = config.scheduler == "async" or (config.scheduler == "pipeline" and config.max_staleness > 0)
+        served = policies.backends(config.backend, config.model, own_weights=beside)
+        backends = rollout_backends(served, config.segment_len)
         policy_version, start = 0, 0
         latest = checkpoint.latest(run_dir)
         if latest is not None:
@@ -119,14 +132,31 @@ def run_training(
         greedy = Rollout(
             with_sampling(topology, temperature=0.0), backends, max_tokens=config.max_tokens, judge=judge
         )
+
+        def batch_for(step: int) -> list[Any]:
+            return [tasks[i] for i in task_order(len(tasks), step, config.batch_size, config.seed)]
+
+        scheduler = make_scheduler(
+            config.scheduler,
+            engine,
+            batch_for,
+            config.group_size,
+            start,
+            config.steps,
+            config.max_staleness,
+            drain_every=config.checkpoint_every,
+        )
+        # id of a trained call -> its advantage, kept until its episode is stored (later, under the pipeline)
+        advantages: dict[int, float] = {}
         status = "finished"
         for step in range(start, config.steps):
             if should_stop():
                 status = "stopped"
                 break
             started = time.perf_counter()
-            batch = [tasks[i] for i in task_order(len(tasks), step, config.batch_size, config.seed)]
-            episodes = run_sync(lambda b=batch: engine.run(b, group_size=config.group_size))
+            busy_before = busiest(backends)
+            got = scheduler.rollout(step)
+            episodes = got.train
             rollout_s = time.perf_counter() - started
             samples = from_episodes(episodes)
             if config.train_roles is not None:
@@ -146,7 +176,8 @@ def run_training(
                 m.eval()
             policy_version += 1
             sync_s = policies.sync(backends, run_dir, policy_version, config.sync_timeout_s)
-            metrics, roles = rollout_metrics(episodes)
+            scheduler.published(step)
+            metrics, roles = rollout_metrics(got.episodes)
             learned, learned_roles = learning_metrics(samples, stats, trainer_metrics, policy_version - 1)
             metrics.update(learned)
             for role, values in learned_roles.items():
@@ -154,25 +185,38 @@ def run_training(
             metrics.update(
                 {"time/rollout_s": rollout_s, "time/advantages_s": advantage_s, "time/weight_sync_s": sync_s}
             )
+            metrics.update(input_lag_metrics(got.episodes))
             held_out = None
             if eval_tasks and _eval_due(config, step):
-                eval_metrics, held_out = evaluate(greedy, eval_tasks, run_sync)
+                eval_metrics, held_out = evaluate(greedy, eval_tasks, scheduler.run)
                 metrics.update(eval_metrics)
             metrics["time/step_s"] = time.perf_counter() - started
-            advantages = {(s.episode, s.position): s.advantage for s in samples}
+            metrics.update(
+                bubble_metrics(metrics["time/step_s"], busiest(backends) - busy_before, got.trainer_wait_s)
+            )
+            for s in samples:
+                call = episodes[s.episode].calls[_index(episodes[s.episode], s.position)]
+                advantages[id(call)] = s.advantage
+                call.timings["trained_step"] = step
+            stored = {
+                (i, c.position): advantages.pop(id(c))
+                for i, e in enumerate(got.episodes)
+                for c in e.calls
+                if id(c) in advantages
+            }
             write_step(
                 store,
                 step,
-                episodes,
+                got.episodes,
                 by_id,
                 metrics,
                 roles,
                 policy_version=policy_version - 1,
-                advantages=advantages,
+                advantages=stored,
                 held_out=held_out,
             )
             log(
-                f"step {step}: reward {metrics['reward/mean']:.3f}, loss {metrics.get('loss', 0.0):.4f}, "
+                f"step {step}: reward {metrics.get('reward/mean', 0.0):.3f}, loss {metrics.get('loss', 0.0):.4f}, "
                 f"{metrics['time/step_s']:.1f} s"
             )
             if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
@@ -181,10 +225,11 @@ def run_training(
                     run_dir, step, policies, trainer.optimizer, state, keep=config.keep_checkpoints
                 )
         if status == "finished" and eval_tasks:
-            eval_metrics, held_out = evaluate(greedy, eval_tasks, run_sync)
+            eval_metrics, held_out = evaluate(greedy, eval_tasks, scheduler.run)
             with store.step(config.steps, policy_version=policy_version) as final:
                 final.log_metrics({**eval_metrics, "final_eval": 1.0})
                 final.log_event("eval", held_out)
+        scheduler.close()
         store.set_status(status)
         for backend in {id(b): b for b in [*backends.values(), judge] if b is not None}.values():
             backend.close()
@@ -201,7 +246,13 @@ def run_training(
         store.set_status("failed")
         raise
     finally:
+        if scheduler is not None:
+            scheduler.close()
         store.close()
+
+
+def _index(episode: Any, position: int) -> int:
+    return next(i for i, c in enumerate(episode.calls) if c.position == position)
 
 
 def _eval_due(config: TrainConfig, step: int) -> bool:

@@ -13,6 +13,8 @@ log-probs, each token's advantage, its loss mask and the sample it belongs to.
 - ``entropy_coef``: an entropy bonus (coef x entropy subtracted from each trained token's loss).
 - ``engine_ratio_cap``: truncated importance sampling for the mismatch between the engine that sampled
   (vLLM) and the trainer: tokens are weighted by min(exp(old - engine), cap), detached.
+- ``old_from_engine``: the ratio's old policy is the engine's log-probs (the behaviour policy that sampled,
+  for samples from older policies: async, pipeline, segment rollout), not the trainer's recomputation.
 - ``mastered_prob``: UloRL's dynamic masking: positive-advantage tokens the old policy already gives
   probability above this are left out of the loss.
 """
@@ -35,6 +37,7 @@ class LossConfig:
     entropy_coef: float = 0.0
     engine_ratio_cap: float | None = None
     mastered_prob: float | None = None
+    old_from_engine: bool = False  # the old policy's log-probs are the engine's (behaviour policy's)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from workbench.backends.wrapper import unwrap
 from workbench.topology import Topology
 from workbench.topology.spec import Policy
 
@@ -51,6 +52,7 @@ class PolicySet:
         if mode not in {"shared", "lora", "separate"}:
             raise ValueError(f"policies must be shared, lora or separate, got {mode!r}")
         self.mode, self.tokenizer, self.names = mode, tokenizer, list(topology.policies)
+        self._copies: dict[int, Any] = {}  # id of an hf backend serving a copy -> the trained model
         self.adapters: dict[str, str | None] = dict.fromkeys(self.names)
         if mode == "shared":
             self.models = dict.fromkeys(self.names, model)
@@ -80,12 +82,22 @@ class PolicySet:
 
     # ------------------------------------------------------------------ rollout side
 
-    def backends(self, kind: str, model_name: str) -> dict[str, Any]:
-        """A rollout backend per policy (the same object where policies share one)."""
+    def backends(self, kind: str, model_name: str, own_weights: bool = False) -> dict[str, Any]:
+        """A rollout backend per policy (the same object where policies share one).
+
+        hf backends generate with the trained model objects themselves, unless ``own_weights``: then
+        each serves a copy that ``sync`` refreshes between batches (a rollout running beside the
+        trainer must never see an update half-applied).
+        """
         if kind == "hf":
             from workbench.backends.hf import HFBackend
 
-            made = {id(model): HFBackend(model, self.tokenizer) for model in self.unique_models().values()}
+            made = {}
+            for model in self.unique_models().values():
+                served = copy.deepcopy(model).eval() if own_weights else model
+                made[id(model)] = HFBackend(served, self.tokenizer)
+                if own_weights:
+                    self._copies[id(made[id(model)])] = model
             return {name: made[id(self.models[name])] for name in self.names}
         from workbench.backends import make_backend
 
@@ -102,7 +114,12 @@ class PolicySet:
     def sync(self, backends: dict[str, Any], run_dir: Path, version: int, timeout: float) -> float:
         """Make the current weights reach every backend; returns the seconds it took."""
         started = time.perf_counter()
-        for backend in {id(b): b for b in backends.values()}.values():
+        for backend in {id(unwrap(b)): unwrap(b) for b in backends.values()}.values():
+            if id(backend) in self._copies:  # an hf copy: only the trained tensors (the adapters for lora)
+                state = self._copies[id(backend)].state_dict()
+                trained = {k: v for k, v in state.items() if self.mode != "lora" or "lora_" in k}
+                backend.load_state(trained, policy_version=version)
+                continue
             if getattr(backend, "model", None) in list(self.models.values()):
                 backend.policy_version = version  # hf: generates with the trained object itself
                 continue

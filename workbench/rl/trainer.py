@@ -129,6 +129,8 @@ class PolicyTrainer:
         """The trainer's own pre-update log-probs are needed unless the single update is on-policy."""
         cfg = self.config
         several_updates = cfg.ppo_epochs > 1 or (cfg.mini_batch_size or len(samples)) < len(samples)
+        if cfg.loss.old_from_engine and cfg.loss.engine_ratio_cap is None and cfg.loss.mastered_prob is None:
+            return False  # the engine's log-probs are the old policy's
         return several_updates or cfg.loss.engine_ratio_cap is not None or cfg.loss.mastered_prob is not None
 
     @torch.no_grad()
@@ -228,7 +230,12 @@ class PolicyTrainer:
         advantages = flat([[s.advantage] * len(s.completion_ids) for s in chosen])
         mask = flat([s.mask for s in chosen])
         engine = flat([s.old_logprobs for s in chosen])
-        old_logps = torch.cat([old[indices[i]] for i in micro]) if old is not None else logps.detach()
+        if self.config.loss.old_from_engine:
+            old_logps = engine
+        elif old is not None:
+            old_logps = torch.cat([old[indices[i]] for i in micro])
+        else:
+            old_logps = logps.detach()
         ref_logps = torch.cat([ref[indices[i]] for i in micro]) if ref is not None else None
         return policy_loss(
             logps,

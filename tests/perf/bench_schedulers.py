@@ -1,0 +1,256 @@
+"""Schedulers against each other: samples trained per second on a long-tail workload, side by side.
+
+    python -m tests.perf.bench_schedulers --quick        # tiny model, 6 steps x 4 problems (CI)
+    python -m tests.perf.bench_schedulers                # smollm2-135m, 6 steps x 2 problems
+    python -m tests.perf.bench_schedulers --quick --only all --rounds 3   # every variant, alternating
+    python -m tests.perf.bench_schedulers --backend vllm --model Qwen/Qwen2.5-0.5B-Instruct   # GPU profile
+
+The workload is a grouped three-agent chain in MarsRL's shape (Solver sampled G times; 2 solutions
+selected at random for a Verifier sampled G times each; 2 verifications selected for a Corrector),
+trained with GRPO on arithmetic. The chain has no early exit, so every scheduler makes the same calls.
+Completion lengths follow a long-tailed (log-normal) distribution: each request's length is a seeded
+draw keyed on its prompt ids and decoded past end-of-sequence (``ignore_eos``), so the Solver's
+lengths are identical across schedulers and the downstream agents' come from the same distribution
+(the totals are reported; their ratio shows how close they are). Each scheduler trains the same
+steps from the same initial weights; rounds alternate the schedulers so background load falls on
+all alike. samples/s = trained samples / summed step wall time (pipeline fill and drain included).
+ratio = scheduler's samples/s / synchronous samples/s. Results go to tests/perf/results/schedulers.json.
+
+Where the gains come from (hf backend, CPU): the pipeline decodes a step's Solvers, Verifiers and
+Correctors as one batch that sheds rows as they finish, so one long tail a step instead of three;
+async rolls the next batch out (its own weight copy) while the update runs on this one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import hashlib
+import math
+import random
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tests.perf.runner import machine, now, write_json
+from workbench.backends.base import Generation, GenerationRequest
+from workbench.backends.wrapper import BackendWrapper
+from workbench.rewards import register
+from workbench.rl import loop
+from workbench.rl.config import TrainConfig
+from workbench.store import RunReader
+from workbench.tasks import generate
+from workbench.topology import from_dict
+from workbench.training import create
+
+DEFAULT_OUT = Path(__file__).parent / "results" / "schedulers.json"
+
+
+@register("even_length_bench")
+def _even_length(prediction: str, reference: str) -> float:
+    """About half of any model's outputs: every group has a reward signal to train on."""
+    return float(len(prediction) % 2 == 0)
+
+
+SCHEDULERS = {
+    "sync": {"scheduler": "sync"},
+    "pipeline": {"scheduler": "pipeline", "max_staleness": 0},  # agent-level batching alone
+    "pipeline+overlap": {"scheduler": "pipeline", "max_staleness": 1},  # and the next level during the update
+    "async": {"scheduler": "async", "max_staleness": 1},
+    "async+segments": {"scheduler": "async", "max_staleness": 1, "segment_len": 16},
+}
+
+
+def chain(max_tokens: int) -> Any:
+    """Solver -> Verifier -> Corrector, grouped, no early exit (equal call counts for every scheduler)."""
+
+    def role(prompt: str, kind: str) -> dict:
+        return {
+            "messages": [{"role": "user", "content": prompt}],
+            "reward": {"kind": kind, "verifier": "even_length_bench"},
+            "sampling": {"max_tokens": max_tokens},
+        }
+
+    return from_dict(
+        {
+            "name": "bench_chain",
+            "roles": {
+                "solver": role("Solve: {{ question }}", "answer"),
+                "verifier": role("Check this solution to {{ question }}:\n{{ solution }}", "answer"),
+                "corrector": role(
+                    "Correct the solution to {{ question }}:\n{{ solution }}\n{{ report }}", "answer"
+                ),
+            },
+            "flow": {
+                "start": "solve",
+                "answer": "{{ solution }}",
+                "nodes": {
+                    "solve": {"call": "solver", "bind": {"solution": "text"}, "next": [{"goto": "verify"}]},
+                    "verify": {
+                        "select": {"k": 2, "strategy": "random"},
+                        "call": "verifier",
+                        "bind": {"report": "text"},
+                        "next": [{"goto": "correct"}],
+                    },
+                    "correct": {
+                        "select": {"k": 2, "strategy": "random"},
+                        "call": "corrector",
+                        "bind": {"solution": "text"},
+                        "next": [{"goto": "end"}],
+                    },
+                },
+            },
+        }
+    )
+
+
+class LongTail(BackendWrapper):
+    """Gives each request a long-tailed length (seeded by its prompt ids) and decodes it in full."""
+
+    def __init__(self, inner: Any, median: int, cap: int, sigma: float = 1.0):
+        super().__init__(inner)
+        self.median, self.cap, self.sigma = median, cap, sigma
+
+    def length(self, prompt_ids: Any, sample: int) -> int:
+        digest = hashlib.sha256(f"{list(prompt_ids)}-{sample}".encode()).digest()
+        draw = random.Random(digest).lognormvariate(math.log(self.median), self.sigma)
+        return max(2, min(self.cap, round(draw)))
+
+    async def generate(self, request: GenerationRequest) -> list[Generation]:
+        sized = [
+            dataclasses.replace(request, n=1, max_tokens=self.length(request.prompt_ids, i), ignore_eos=True)
+            for i in range(request.n)
+        ]
+        return [g for (g,) in await asyncio.gather(*(self.inner.generate(r) for r in sized))]
+
+
+def run_one(name: str, options: dict, args: argparse.Namespace, base: Path) -> dict[str, float]:
+    config = TrainConfig(
+        model=args.model,
+        backend=args.backend,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        group_size=args.group_size,
+        max_tokens=None,
+        learning_rate=1e-6,
+        checkpoint_every=10_000,
+        keep_checkpoints=1,
+        runs_dir=str(base / name),
+        seed=0,
+        **options,
+    )
+    run_dir = create(config)
+    original = loop.rollout_backends
+
+    def long_tail(served: dict, segment_len: int | None) -> dict:
+        backends = original(served, segment_len)
+        for meter in {id(b): b for b in backends.values()}.values():  # lengths drawn once per request,
+            meter.inner = LongTail(meter.inner, args.median, args.cap)  # then segmented
+        return backends
+
+    loop.rollout_backends = long_tail  # the workload: imposed lengths inside the scheduler's meter
+    try:
+        loop.run_training(
+            config,
+            run_dir,
+            topology=chain(args.cap),
+            tasks=generate("arithmetic", n=64, seed=0, level=1),
+            log=lambda message: None,
+        )
+    finally:
+        loop.rollout_backends = original
+    reader = RunReader(run_dir)
+    wide = reader.metrics_wide()
+    calls = reader.calls(columns=["n_completion"])
+    seconds = float(wide["time/step_s"].sum())
+    samples = float(wide["samples"].sum())
+    return {
+        "seconds": seconds,
+        "samples": samples,
+        "completion_tokens": float(calls["n_completion"].sum()),
+        "samples_per_s": samples / seconds,
+        "tokens_per_s": float(calls["n_completion"].sum()) / seconds,
+        "bubble_rollout": float(wide["bubble/rollout"].mean()),
+        "bubble_trainer": float(wide["bubble/trainer"].mean()),
+        "staleness_max": float(wide["policy_lag/max"].max()),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny model, small workload (CI)")
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="rollout backend")
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--median", type=int, default=None, help="median completion length (tokens)")
+    parser.add_argument("--cap", type=int, default=None, help="longest completion (tokens)")
+    parser.add_argument("--rounds", type=int, default=None, help="alternating rounds; medians are reported")
+    parser.add_argument(
+        "--only",
+        default="sync,pipeline,async",
+        help=f"schedulers to run, comma-separated, of {', '.join(SCHEDULERS)} (or: all)",
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    args.model = args.model or ("tiny" if args.quick else "smollm2-135m")
+    args.steps = args.steps or 6
+    args.batch_size = args.batch_size or (4 if args.quick else 2)
+    args.median = args.median or (12 if args.quick else 24)
+    args.cap = args.cap or (96 if args.quick else 192)
+    args.rounds = args.rounds or 1
+    names = list(SCHEDULERS) if args.only == "all" else [n for n in args.only.split(",") if n]
+    if "sync" not in names:
+        names.insert(0, "sync")
+    rounds: dict[str, list[dict]] = {n: [] for n in names}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for name in names if r % 2 == 0 else reversed(names):
+                rounds[name].append(run_one(name, SCHEDULERS[name], args, Path(tmp) / f"round{r}"))
+    summary = {n: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for n, rs in rounds.items()}
+    sync = summary["sync"]
+    result = {
+        "mode": "quick" if args.quick else "full",
+        "model": args.model,
+        "workload": {
+            "topology": "solver -> verifier -> corrector, grouped (G samples, 2 selected a level)",
+            "steps": args.steps,
+            "batch_size": args.batch_size,
+            "group_size": args.group_size,
+            "length_median": args.median,
+            "length_cap": args.cap,
+            "length_distribution": "log-normal, sigma 1, seeded by prompt ids, decoded past EOS",
+            "rounds": args.rounds,
+        },
+        "samples_per_s": {n: round(s["samples_per_s"], 3) for n, s in summary.items()},
+        "ratios": {
+            f"{n}_vs_sync": round(s["samples_per_s"] / sync["samples_per_s"], 3)
+            for n, s in summary.items()
+            if n != "sync"
+        },
+        "token_ratios": {
+            f"{n}_vs_sync": round(s["completion_tokens"] / sync["completion_tokens"], 3)
+            for n, s in summary.items()
+            if n != "sync"
+        },
+        "schedulers": summary,
+        "rounds_raw": rounds,
+        "machine": machine(),
+        "when": now(),
+    }
+    write_json(args.out, result)
+    print(f"{'scheduler':<16}{'samples/s':>10}{'tokens/s':>10}{'ratio':>8}{'bubble r/t':>14}{'stale':>7}")
+    for n, s in summary.items():
+        ratio = s["samples_per_s"] / sync["samples_per_s"]
+        print(
+            f"{n:<16}{s['samples_per_s']:>10.2f}{s['tokens_per_s']:>10.0f}{ratio:>8.2f}"
+            f"{s['bubble_rollout']:>8.2f}/{s['bubble_trainer']:.2f}{s['staleness_max']:>7.0f}"
+        )
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,526 @@
+"""The benchmarks of tests/perf as one suite: each runs in turn, one ``suite.json`` holds them all.
+
+    python -m tests.perf --quick                    # CI size, into artifacts/perf/ (a few minutes on 2 cores)
+    python -m tests.perf                            # full size, into tests/perf/results/ (the README's figures)
+    python -m tests.perf --profile gpu              # vLLM on a GPU with Qwen2.5 (tests/perf/profiles/gpu.yaml)
+    python -m tests.perf --quick --only engine,trainer
+    python -m tests.perf.report                     # rewrites the README's performance section from the JSON
+
+Every benchmark runs as its own subprocess, ``python -m tests.perf.<module> [--quick] <profile options>
+--out <dir>/<name>.json``, exactly as users run it alone; its output goes to ``<dir>/logs/<name>.log``.
+Then ``<dir>/suite.json`` gathers every benchmark's JSON with the headline ratios of each (``BENCHMARKS``
+below says how each is read off), the wall seconds of each run, and what failed. Every ratio compares
+two things measured side by side in the same benchmark run. A benchmark that fails is recorded with
+the tail of its output and the suite goes on; it exits non-zero at the end. One whose required packages
+are missing is recorded as "skipped".
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.perf.runner import REPO, machine, now, write_json
+
+PERF = Path(__file__).resolve().parent
+PROFILES = PERF / "profiles"
+RESULTS = PERF / "results"
+ARTIFACTS = REPO / "artifacts" / "perf"
+ERROR_TAIL = 3000
+
+
+def headline(measure: str, ratio: float, meaning: str) -> dict[str, Any]:
+    """One figure of the headline table: a ratio of two things measured side by side."""
+    return {"measure": measure, "ratio": round(float(ratio), 3), "meaning": meaning}
+
+
+def _engine(r: dict) -> list[dict]:
+    return [
+        headline(
+            f"engine overhead ({kind})",
+            b["overhead_ratio"],
+            "raw backend time / engine time on the same greedy requests (1.0 = no overhead; target >= 0.90)",
+        )
+        for kind, b in r["backends"].items()
+    ]
+
+
+def _trainer(r: dict) -> list[dict]:
+    return [
+        headline(
+            "trainer step vs TRL",
+            r["ratio"],
+            "workbench step time / trl.GRPOTrainer step time, same batch (target <= 1.0)",
+        )
+    ]
+
+
+def _schedulers(r: dict) -> list[dict]:
+    return [
+        headline(
+            f"{key.removesuffix('_vs_sync')} vs sync",
+            value,
+            f"samples/s of {key.removesuffix('_vs_sync')} / samples/s of sync, long-tail lengths (> 1 = faster)",
+        )
+        for key, value in r["ratios"].items()
+    ]
+
+
+def _binpack(r: dict) -> list[dict]:
+    runs = r["distributions"]
+    attainable = [d["ratio_max"] for d in runs.values() if d.get("ratio_to_optimum") is None]
+    return [
+        headline(
+            "FFD speed-up (smallest)",
+            min(d["speedup"] for d in runs.values()),
+            f"plain two-loop FFD time / ffd_pack time, identical bins, smallest of {len(runs)} distributions",
+        ),
+        headline(
+            "FFD bins / lower bound (worst)",
+            max(attainable),
+            "bins / ceil(sum/C) where that bound can be met (target <= 1.1)",
+        ),
+    ]
+
+
+def _packing(r: dict) -> list[dict]:
+    runs = r["strategies"]
+    return [
+        headline(
+            f"{name} vs packed",
+            runs[name]["time_vs_packed"],
+            f"{name} fwd+bwd time / packed (padding-free) time, same samples and token budget",
+        )
+        for name in ("padded_sorted", "padded_unsorted", "packed_blocks")
+        if runs.get(name, {}).get("time_vs_packed") is not None
+    ]
+
+
+def _store(r: dict) -> list[dict]:
+    return [
+        headline(
+            "store ingest overhead",
+            r["ingest"]["overhead_ratio"],
+            "raw sqlite3.executemany calls/s / RunStore calls/s, same rows (1.0 = no overhead)",
+        )
+    ]
+
+
+def _dashboard_queries(r: dict) -> list[dict]:
+    return [
+        headline(
+            "slowest dashboard query / target",
+            r["slowest_ms"] / r["target_ms"],
+            f"slowest trajectory-browser query / the {r['target_ms']:.0f} ms target (<= 1 = within)",
+        )
+    ]
+
+
+def _dashboard_load(r: dict) -> list[dict]:
+    return [
+        headline(
+            "writer watched / unwatched",
+            r["throughput_ratio"],
+            f"run writer calls/s with {r['viewers']} dashboard sessions polling / with none (target >= 0.9)",
+        )
+    ]
+
+
+def _backends(r: dict) -> list[dict]:
+    b = r["backends"]
+    if "hf" not in b or "vllm" not in b:
+        return []
+    return [
+        headline(
+            "vLLM vs transformers",
+            b["vllm"]["tokens_per_s"] / b["hf"]["tokens_per_s"],
+            "vllm completion tokens/s / hf (transformers) tokens/s, same prompts",
+        )
+    ]
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One benchmark of the suite: its module, what it compares, and how to read its headline ratios."""
+
+    module: str
+    compares: str
+    headline: Callable[[dict], list[dict]]
+    needs: tuple[str, ...] = ()  # importable packages it cannot run without
+    quick_timeout: int = 600  # seconds, in quick mode (full mode: no limit unless --timeout)
+
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "engine": Benchmark("bench_engine", "engine rollout against the raw backend", _engine),
+    "trainer": Benchmark("bench_trainer", "trainer step against trl.GRPOTrainer", _trainer),
+    "schedulers": Benchmark(
+        "bench_schedulers", "pipeline and async schedulers against synchronous", _schedulers
+    ),
+    "binpack": Benchmark("bench_binpack", "ffd_pack against plain FFD loops", _binpack),
+    "packing": Benchmark("bench_packing", "padding-free packing against padded batches", _packing),
+    "store": Benchmark("bench_store", "run store against raw sqlite3", _store, quick_timeout=300),
+    "dashboard_queries": Benchmark(
+        "bench_dashboard_queries",
+        "dashboard queries against their target",
+        _dashboard_queries,
+        quick_timeout=300,
+    ),
+    "dashboard_load": Benchmark(
+        "bench_dashboard_load", "run writer watched against unwatched", _dashboard_load, quick_timeout=300
+    ),
+    "backends": Benchmark("bench_backends", "vLLM against transformers", _backends, needs=("vllm",)),
+}
+"""The suite, in the order it runs. A name ``<benchmark>@<variant>`` (a profile's variant) reads as ``<benchmark>``."""
+
+
+def base_name(name: str) -> str:
+    return name.split("@", 1)[0]
+
+
+def headlines(name: str, result: dict) -> list[dict]:
+    """The headline ratios of benchmark ``name``'s JSON, each tagged with the benchmark's name."""
+    return [{"benchmark": name, **h} for h in BENCHMARKS[base_name(name)].headline(result)]
+
+
+# --- profiles ---
+
+_ENV_VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
+
+
+def expand(value: Any) -> Any:
+    """``${VAR}`` and ``${VAR:-default}`` in a profile's strings, from the environment."""
+    if isinstance(value, str):
+        return _ENV_VAR.sub(lambda m: os.environ.get(m.group(1)) or (m.group(2) or ""), value)
+    if isinstance(value, list):
+        return [expand(v) for v in value]
+    return value
+
+
+def accepted_flags(module: str) -> set[str]:
+    """The ``--flags`` a benchmark module's argparse defines (read from its source, nothing imported)."""
+    source = (PERF / f"{module}.py").read_text()
+    return set(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", source))
+
+
+def to_args(options: dict[str, Any]) -> list[str]:
+    """Profile options as command-line arguments: ``{max_tokens: 8, backends: [hf, vllm]}`` ->
+    ``--max-tokens 8 --backends hf vllm``; ``true`` is a bare flag, ``false``/``null`` leave it out."""
+    args: list[str] = []
+    for key, value in options.items():
+        flag = "--" + str(key).replace("_", "-")
+        value = expand(value)
+        if value is True:
+            args.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, list):
+            args += [flag, *map(str, value)]
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+@dataclass
+class Run:
+    """One benchmark run the suite makes: its name in suite.json, its options and environment."""
+
+    name: str
+    benchmark: Benchmark
+    args: list[str]
+    env: dict[str, str]
+
+
+def load_profile(profile: str | Path) -> dict[str, Any]:
+    """A profile: ``tests/perf/profiles/<name>.yaml``, or a YAML file's path."""
+    import yaml
+
+    path = Path(profile)
+    if not path.suffix:
+        path = PROFILES / f"{profile}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in PROFILES.glob("*.yaml")))
+        raise SystemExit(f"no profile {profile!r}: use one of {known} or a YAML file's path")
+    data = yaml.safe_load(path.read_text()) or {}
+    data.setdefault("name", path.stem)
+    unknown = set(data.get("benchmarks") or {}) - set(BENCHMARKS)
+    if unknown:
+        raise SystemExit(
+            f"profile {path}: unknown benchmarks {sorted(unknown)}; the suite has {list(BENCHMARKS)}"
+        )
+    return data
+
+
+def plan(profile: dict[str, Any], names: list[str], quick: bool) -> list[Run]:
+    """The runs of ``names`` under ``profile``: one per benchmark, or one per variant the profile lists.
+
+    A benchmark's entry in the profile may hold ``options`` (both modes), ``quick`` and ``full`` (options for
+    that mode only, on top), ``env`` (environment variables) and ``variants`` (label -> options: the benchmark
+    runs once per label, as ``<name>@<label>``). Options must be flags the module's argparse defines.
+    """
+    runs = []
+    mode = "quick" if quick else "full"
+    for name in names:
+        bench = BENCHMARKS[name]
+        entry = (profile.get("benchmarks") or {}).get(name) or {}
+        unknown = set(entry) - {"options", "quick", "full", "env", "variants"}
+        if unknown:
+            raise SystemExit(f"profile {profile['name']}, {name}: unknown keys {sorted(unknown)}")
+        env = {**(profile.get("env") or {}), **(entry.get("env") or {})}
+        env = {str(k): str(expand(v)) for k, v in env.items()}
+        options = {**(entry.get("options") or {}), **(entry.get(mode) or {})}
+        variants = entry.get("variants") or {"": {}}
+        for label, extra in variants.items():
+            merged = {**options, **(extra or {})}
+            args = to_args(merged)
+            if (PERF / f"{bench.module}.py").is_file():
+                accepted = accepted_flags(bench.module)
+                wrong = [a for a in args if a.startswith("--") and a not in accepted]
+                if wrong:
+                    raise SystemExit(
+                        f"profile {profile['name']}, {name}: {bench.module} takes no {', '.join(wrong)} "
+                        f"(it takes {', '.join(sorted(accepted))})"
+                    )
+            runs.append(Run(f"{name}@{label}" if label else name, bench, args, env))
+    return runs
+
+
+# --- running ---
+
+
+def run_one(run: Run, out_dir: Path, quick: bool, timeout: float | None, echo: bool) -> dict[str, Any]:
+    """Run one benchmark as a subprocess; returns its record (status, seconds, args, log, error...)."""
+    record: dict[str, Any] = {"module": f"tests.perf.{run.benchmark.module}"}
+    missing = [p for p in run.benchmark.needs if importlib.util.find_spec(p) is None]
+    if missing:
+        return {**record, "status": "skipped", "reason": f"needs {', '.join(missing)} (not installed)"}
+    out = out_dir / f"{run.name}.json"
+    out.unlink(missing_ok=True)  # never mistake an earlier run's JSON for this one's
+    log_path = out_dir / "logs" / f"{run.name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    args = (["--quick"] if quick else []) + run.args + ["--out", str(out)]
+    scratch = None
+    if "--workdir" in accepted_flags(run.benchmark.module) and "--workdir" not in run.args:
+        scratch = Path(tempfile.mkdtemp(prefix=f"perf-{run.name}-"))
+        args += ["--workdir", str(scratch)]  # its temporary runs go here; what it leaves behind is recorded
+    command = [sys.executable, "-m", record["module"], *args]
+    record |= {"args": args, "log": str(log_path)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **run.env}
+    started = time.perf_counter()
+    with log_path.open("w") as log:
+        log.write(f"$ {' '.join(command)}\n")
+        log.flush()
+        process = subprocess.Popen(
+            command,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # its own process group: a timeout stops its servers and engines too
+        )
+
+        def copy() -> None:  # the benchmark's output into its log (and onto the console with --verbose)
+            for line in process.stdout:
+                log.write(line)
+                if echo:
+                    sys.stdout.write(f"  {line}")
+                    sys.stdout.flush()
+
+        reader = threading.Thread(target=copy, daemon=True)
+        reader.start()
+        try:
+            returncode: int | None = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            returncode = None
+        except KeyboardInterrupt:  # its own session does not get the terminal's Ctrl-C: pass it on
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
+        reader.join(30)
+        if returncode is None:
+            log.write(f"\n[suite] stopped after {timeout:.0f} s (timeout)\n")
+    record["seconds"] = round(time.perf_counter() - started, 1)
+    if scratch is not None:
+        record["leftovers"] = sorted(p.name for p in scratch.iterdir())
+        shutil.rmtree(scratch, ignore_errors=True)
+    tail = log_path.read_text()[-ERROR_TAIL:]
+    if returncode is None:
+        return {**record, "status": "failed", "error": f"timed out after {timeout:.0f} s\n{tail}"}
+    if returncode != 0:
+        return {**record, "status": "failed", "returncode": returncode, "error": tail}
+    if not out.is_file():
+        return {**record, "status": "failed", "returncode": 0, "error": f"wrote no {out}\n{tail}"}
+    result = json.loads(out.read_text())
+    try:
+        record["headline"] = headlines(run.name, result)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
+        return {**record, "status": "failed", "error": f"its JSON lacks a headline figure: {error!r}\n{tail}"}
+    return {**record, "status": "ok", "result": result}
+
+
+def gpu_name() -> str | None:
+    """The GPU(s) ``nvidia-smi`` reports, or None."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    names = [n.strip() for n in out.stdout.splitlines() if n.strip()]
+    return ", ".join(names) or None
+
+
+def run_suite(
+    names: list[str],
+    *,
+    quick: bool,
+    profile: str | Path = "cpu",
+    out_dir: Path,
+    timeout: float | None = None,
+    echo: bool = False,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run ``names`` in turn into ``out_dir``; writes and returns ``suite.json``'s content."""
+    spec = load_profile(profile)
+    runs = plan(spec, names, quick)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mode = "quick" if quick else "full"
+    suite: dict[str, Any] = {
+        "mode": mode,
+        "profile": spec["name"],
+        "machine": machine(gpu=gpu_name()),
+        "when": now(),
+        "benchmarks": {},
+        "headline": [],
+        "seconds": {},
+        "status": {},
+        "runs": {},
+    }
+    started = time.perf_counter()
+    for i, run in enumerate(runs, 1):
+        log(f"[{i}/{len(runs)}] {run.name} ({run.benchmark.compares}) ...")
+        limit = timeout if timeout is not None else (run.benchmark.quick_timeout if quick else None)
+        record = run_one(run, out_dir, quick, limit, echo)
+        result = record.pop("result", None)
+        suite["status"][run.name] = record["status"]
+        suite["runs"][run.name] = record
+        if "seconds" in record:
+            suite["seconds"][run.name] = record["seconds"]
+        if result is not None:
+            suite["benchmarks"][run.name] = result
+            suite["headline"] += record.pop("headline")
+        else:
+            suite["benchmarks"][run.name] = {
+                k: record[k] for k in ("status", "reason", "returncode", "error") if k in record
+            }
+        took = f" in {record['seconds']:.1f} s" if "seconds" in record else ""
+        log(f"    {record['status']}{took}" + (f": {record['reason']}" if "reason" in record else ""))
+        if record["status"] == "failed":
+            log("    " + record["error"][-1500:].replace("\n", "\n    "))
+        # written after every benchmark, so an interrupted suite still leaves what it measured
+        suite["seconds"]["total"] = round(time.perf_counter() - started, 1)
+        write_json(out_dir / "suite.json", suite)
+    return suite
+
+
+def table(suite: dict[str, Any]) -> str:
+    """The headline ratios, one line a figure, then each benchmark's status and wall time."""
+    rows = [(h["benchmark"], h["measure"], f"{h['ratio']:.2f}", h["meaning"]) for h in suite["headline"]]
+    header = ("benchmark", "measure", "ratio", "compared")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
+    lines = [
+        f"\nheadline ratios ({suite['mode']} mode, profile {suite['profile']}, {suite['machine']['cpus']} CPUs):",
+        f"  {header[0]:<{widths[0]}}  {header[1]:<{widths[1]}}  {header[2]:>{widths[2]}}  {header[3]}",
+    ]
+    lines += [f"  {b:<{widths[0]}}  {m:<{widths[1]}}  {r:>{widths[2]}}  {c}" for b, m, r, c in rows]
+    lines.append("\nbenchmark runs:")
+    for name, status in suite["status"].items():
+        seconds = suite["seconds"].get(name)
+        took = f"{seconds:7.1f} s" if seconds is not None else " " * 9
+        reason = suite["runs"][name].get("reason") or (
+            f"see {suite['runs'][name]['log']}" if status == "failed" else ""
+        )
+        lines.append(f"  {name:<{widths[0]}}  {status:<11} {took}  {reason}".rstrip())
+    lines.append(f"  {'total':<{widths[0]}}  {'':<11} {suite['seconds'].get('total', 0):7.1f} s")
+    return "\n".join(lines)
+
+
+def _names(value: str | None) -> list[str]:
+    names = [n.strip() for n in (value or "").split(",") if n.strip()]
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        raise SystemExit(f"unknown benchmarks {unknown}: the suite has {', '.join(BENCHMARKS)}")
+    return names
+
+
+def default_out(quick: bool, profile: str) -> Path:
+    """artifacts/perf/ for quick runs, tests/perf/results/ for full ones; a non-cpu profile in a sub-folder."""
+    base = ARTIFACTS if quick else RESULTS
+    return base if profile == "cpu" else base / Path(profile).stem
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.perf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="every benchmark's quick mode (CI)")
+    parser.add_argument(
+        "--profile", default="cpu", help="cpu, gpu (tests/perf/profiles/<name>.yaml) or a YAML file's path"
+    )
+    parser.add_argument("--only", help=f"comma-separated benchmarks to run, of {','.join(BENCHMARKS)}")
+    parser.add_argument("--skip", help="comma-separated benchmarks to leave out")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="folder for the JSON (default: artifacts/perf/ with --quick, else tests/perf/results/)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, help="seconds per benchmark (default: 300-600 in quick mode, none)"
+    )
+    parser.add_argument(
+        "--verbose", "-v", action="store_true", help="echo each benchmark's output as it runs"
+    )
+    args = parser.parse_args(argv)
+    names = _names(args.only) or list(BENCHMARKS)
+    skip = set(_names(args.skip))
+    names = [n for n in names if n not in skip]
+    out_dir = (args.out or default_out(args.quick, args.profile)).resolve()
+    print(
+        f"benchmark suite, {'quick' if args.quick else 'full'} mode, profile {args.profile}, into {out_dir}"
+    )
+    suite = run_suite(
+        names,
+        quick=args.quick,
+        profile=args.profile,
+        out_dir=out_dir,
+        timeout=args.timeout,
+        echo=args.verbose,
+    )
+    print(table(suite))
+    print(f"\nwrote {out_dir / 'suite.json'}")
+    failed = [n for n, s in suite["status"].items() if s == "failed"]
+    if failed:
+        print(f"failed: {', '.join(failed)} (their logs: {out_dir / 'logs'})")
+        return 1
+    return 0

@@ -1,0 +1,114 @@
+"""The transformers backend's decode loop: a batch that sheds rows as they finish.
+
+``model.generate`` keeps computing every row of a left-padded batch until the last one ends, so
+with long-tailed completion lengths most of a batch's work goes to rows that are already done.
+This loop runs the model with a KV cache and, whenever rows finish (their own ``max_tokens``,
+end-of-sequence unless ``ignore_eos``, or a stop string), drops them from the batch and the cache.
+Log-probs are taken from the same forward passes: the raw model distribution's log-probability of
+each sampled token (before temperature, as vLLM reports them).
+
+Sampling follows transformers' order: temperature, then top-k, then top-p.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from workbench.backends.base import GenerationRequest
+
+
+@torch.no_grad()
+def decode(
+    model: Any,
+    tokenizer: Any,
+    input_ids: torch.Tensor,
+    attention: torch.Tensor,
+    rows: list[GenerationRequest],
+    eos_ids: list[int],
+) -> tuple[list[list[int]], list[list[float]]]:
+    """Completion ids and raw log-probs per row of a left-padded batch (one sampling setting)."""
+    from transformers import DynamicCache
+
+    first = rows[0]
+    ids: list[list[int]] = [[] for _ in rows]
+    logprobs: list[list[float]] = [[] for _ in rows]
+    done = _Done(tokenizer, rows, eos_ids)
+    active = list(range(len(rows)))  # original row index of each row still in the batch
+    mask = attention
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[:, -1]
+    position = positions[:, -1:] + 1
+    while True:
+        token = _sample(logits, first)
+        chosen = logits.float().log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
+        keep = []
+        for j, i in enumerate(active):
+            ids[i].append(int(token[j]))
+            logprobs[i].append(float(chosen[j]))
+            if not done(i, ids[i]):
+                keep.append(j)
+        if not keep:
+            return ids, logprobs
+        if len(keep) < len(active):
+            index = torch.tensor(keep)
+            cache.batch_select_indices(index)
+            mask, token, position = mask[index], token[index], position[index]
+            active = [active[j] for j in keep]
+        mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
+        logits = model(
+            input_ids=token[:, None],
+            attention_mask=mask,
+            position_ids=position,
+            past_key_values=cache,
+            use_cache=True,
+        ).logits[:, -1]
+        position = position + 1
+
+
+def _sample(logits: torch.Tensor, request: GenerationRequest) -> torch.Tensor:
+    if request.temperature == 0.0:
+        return logits.argmax(-1)
+    scores = logits.float() / request.temperature
+    if request.top_k:
+        kth = scores.topk(min(request.top_k, scores.shape[-1]), dim=-1).values[:, -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if request.top_p < 1.0:
+        ordered, order = scores.sort(dim=-1, descending=True)
+        cumulative = ordered.softmax(-1).cumsum(-1)
+        drop = cumulative - ordered.softmax(-1) > request.top_p  # keep the smallest set reaching top_p
+        ordered = ordered.masked_fill(drop, float("-inf"))
+        scores = torch.full_like(scores, float("-inf")).scatter(-1, order, ordered)
+    return torch.multinomial(scores.softmax(-1), 1).squeeze(-1)
+
+
+class _Done:
+    """Whether a row has finished: its own limit, end-of-sequence (unless ``ignore_eos``), a stop string.
+
+    Stop strings are checked on decoded text (transformers' token-string matching can end a row early),
+    on the tail of the completion long enough to hold any of them.
+    """
+
+    def __init__(self, tokenizer: Any, rows: list[GenerationRequest], eos_ids: list[int]):
+        self.tokenizer, self.rows, self.eos = tokenizer, rows, set(eos_ids)
+        self.stops = [[s for s in r.stop if s] for r in rows]
+        longest = max((len(s.encode()) for stops in self.stops for s in stops), default=1)
+        self.tail = 4 * longest + 4  # tokens: >= 1 byte each
+
+    def __call__(self, i: int, ids: list[int]) -> bool:
+        row = self.rows[i]
+        if len(ids) >= row.max_tokens or (not row.ignore_eos and ids[-1] in self.eos):
+            return True
+        if not self.stops[i]:
+            return False
+        text = self.tokenizer.decode(ids[-self.tail :], skip_special_tokens=False)
+        return any(s in text for s in self.stops[i])

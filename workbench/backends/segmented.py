@@ -1,0 +1,79 @@
+"""Segment rollout: decode at most ``segment_len`` tokens of a request at a time, then queue it again.
+
+A long completion no longer holds a static batch until its last token: after each segment it goes
+back to the backend's queue and is batched with whatever is ready then, and a weight update that
+lands between two segments is used by the next one. Every segment's policy version is kept, so
+staleness is counted from the oldest segment (``Generation.policy_version``) and the trainer can
+treat the importance ratio as the run's ``stale_ratio`` says (``workbench.rl.config``).
+
+The continuation prompt is the exact prompt ids plus the completion ids so far (never re-tokenised
+text); a stop string that straddles two segments is found on the joined completion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+from workbench.backends.base import Generation, GenerationRequest, cut_at_stop
+from workbench.backends.wrapper import BackendWrapper
+
+
+class SegmentedBackend(BackendWrapper):
+    """Splits every generation into segments of at most ``segment_len`` tokens."""
+
+    def __init__(self, inner: object, segment_len: int):
+        if not isinstance(segment_len, int) or segment_len < 1:
+            raise ValueError(f"segment_len must be a positive integer, got {segment_len!r}")
+        super().__init__(inner)
+        self.segment_len = segment_len
+
+    async def generate(self, request: GenerationRequest) -> list[Generation]:
+        if request.n == 1:
+            return [await self._one(request)]
+        singles = [
+            dataclasses.replace(request, n=1, seed=None if request.seed is None else request.seed + i)
+            for i in range(request.n)
+        ]
+        return list(await asyncio.gather(*(self._one(r) for r in singles)))
+
+    async def _one(self, request: GenerationRequest) -> Generation:
+        started = time.perf_counter()
+        prompt = tuple(request.prompt_ids)
+        ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        starts: list[int] = []
+        finish, stop_reason = "length", None
+        while len(ids) < request.max_tokens:
+            budget = min(self.segment_len, request.max_tokens - len(ids))
+            segment = dataclasses.replace(request, prompt_ids=prompt + tuple(ids), max_tokens=budget, n=1)
+            (piece,) = await self.inner.generate(segment)
+            starts.append(len(ids))
+            versions.append(piece.policy_version)
+            ids += piece.completion_ids
+            logprobs += piece.logprobs
+            cut, stop_reason = cut_at_stop(self.tokenizer, ids, request.stop)
+            if stop_reason is not None:
+                ids, logprobs, finish = ids[:cut], logprobs[:cut], "stop"
+                break
+            if piece.finish_reason == "stop":
+                finish, stop_reason = "stop", piece.stop_reason
+                break
+            if not piece.completion_ids:
+                break
+        return Generation(
+            completion_ids=ids,
+            logprobs=logprobs,
+            text=self.tokenizer.decode(ids, skip_special_tokens=True),
+            finish_reason=finish,
+            stop_reason=stop_reason,
+            policy_version=min(versions, default=self.policy_version),
+            timings={
+                "generate_s": time.perf_counter() - started,
+                "segments": len(versions),
+                "segment_versions": versions,
+                "segment_starts": starts,
+            },
+        )

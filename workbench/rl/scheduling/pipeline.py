@@ -1,0 +1,155 @@
+"""MarsRL's agent-level pipeline for grouped flows: each step's rollout batch is new problems plus the
+next agent of earlier ones.
+
+A group (one problem's grouped rollout: the Solver sampled G times, k outputs selected for the
+Verifier, the Corrector only on flagged ones, early termination) advances one level per step. Step t
+admits its new problems, whose Solvers run beside the Verifiers of step t-1's problems and the
+Correctors of step t-2's, all released together, so the backend decodes them as one batch instead
+of one agent after another; every call scored in that level (agent-specific rewards) trains at step t,
+without waiting for the rest of its episode. A Verifier at step t judges a Solver output of an
+earlier policy: that lag is recorded (``pipeline/input_lag_*``). Calls whose reward needs the whole
+episode (``outcome`` or ``parent`` rules) train when it ends, so they can be up to the flow's depth
+old (``policy_lag/*``).
+
+With ``max_staleness = 1`` (the default) the next step's level starts as soon as this one's is done,
+so it rolls out (from the rollout backend's own weight copy) while the trainer updates on this one, and
+its calls train one version late; ``0`` keeps rollout and update apart (every call trains on the policy
+that generated it).
+
+An episode is stored at the step it finished. The last step drains the pipeline (more levels, no new
+problems), and so does every checkpoint step (``drain_every``), so a resumed run has no group half done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from workbench.backends.loop_thread import LoopThread
+from workbench.engine.runner import Rollout
+from workbench.rl.scheduling.base import BatchFor, StepRollout, view
+
+if TYPE_CHECKING:
+    from workbench.engine.records import CallRecord, EpisodeRecord
+    from workbench.tasks import Task
+
+
+class PipelineScheduler:
+    def __init__(
+        self,
+        engine: Rollout,
+        batch_for: BatchFor,
+        group_size: int,
+        last_step: int,
+        max_staleness: int = 1,
+        drain_every: int | None = None,
+    ):
+        if not engine.grouped_mode:
+            raise ValueError(
+                "scheduler 'pipeline' runs grouped flows (a node with select, as MarsRL's); this topology "
+                "has none: use scheduler 'async' for episode-level overlap"
+            )
+        self.engine, self.batch_for, self.group_size = engine, batch_for, group_size
+        if not isinstance(max_staleness, int) or max_staleness not in (0, 1):
+            raise ValueError(f"max_staleness of the pipeline is 0 or 1, got {max_staleness!r}")
+        self.last_step, self.drain_every, self.overlap = last_step, drain_every, max_staleness == 1
+        self.loop = LoopThread("rollout")
+        self.ahead: dict[int, concurrent.futures.Future] = {}  # step -> its level, started early
+        # rollout-loop state (touched only on the loop's thread)
+        self.live = 0  # groups not finished
+        self.parked = 0  # groups waiting at the gate for the next level
+        self.release: asyncio.Event | None = None
+        self.quiet: asyncio.Event | None = None
+        self.taken: set[int] = set()  # ids of calls handed to training
+        self.ready: dict[int, tuple[EpisodeRecord, list[CallRecord]]] = {}
+        self.finished: list[EpisodeRecord] = []
+        self.failure: BaseException | None = None
+
+    # ---------------------------------------------------------------- trainer side
+
+    def rollout(self, step: int) -> StepRollout:
+        started = time.perf_counter()
+        level = self.ahead.pop(step, None) or self._start(step)
+        episodes, train = level.result()
+        if self.overlap and step + 1 < self.last_step:
+            self.ahead[step + 1] = self._start(step + 1)  # rolls out while this step's update runs
+        return StepRollout(episodes, train, trainer_wait_s=time.perf_counter() - started)
+
+    def _start(self, step: int) -> concurrent.futures.Future:
+        drain = step >= self.last_step - 1 or bool(self.drain_every and (step + 1) % self.drain_every == 0)
+        return asyncio.run_coroutine_threadsafe(self._step(self.batch_for(step), drain), self.loop.loop)
+
+    def published(self, step: int) -> None:
+        pass
+
+    def run(self, factory: Callable[[], Coroutine]) -> Any:
+        return self.loop.run(factory())
+
+    def close(self) -> None:
+        self.engine.cancel()
+        self.loop.stop()
+
+    # ---------------------------------------------------------------- rollout loop side
+
+    async def _step(self, tasks: list[Task], drain: bool) -> tuple[list[EpisodeRecord], list[EpisodeRecord]]:
+        """One level of every group in flight plus the first of the new ones; to the end if ``drain``."""
+        self._open_level()
+        for task in tasks:
+            self.live += 1
+            asyncio.ensure_future(self._group(task))
+        await self._settled()
+        while drain and self.live:
+            self._open_level()
+            await self._settled()
+        if self.failure is not None:
+            raise self.failure
+        finished, self.finished = self.finished, []
+        for record in finished:  # calls scored only at the end (outcome, parent rules)
+            self._collect(record)
+        train = [view(record, calls) for record, calls in self.ready.values()]
+        self.ready = {}
+        return finished, train
+
+    def _open_level(self) -> None:
+        released, self.release = self.release, asyncio.Event()
+        self.quiet, self.parked = asyncio.Event(), 0
+        if released is not None:
+            released.set()
+
+    async def _settled(self) -> None:
+        """Until every live group waits at the gate or has finished."""
+        self._check()
+        await self.quiet.wait()
+
+    def _check(self) -> None:
+        if self.quiet is not None and self.parked >= self.live:
+            self.quiet.set()
+
+    async def _gate(self) -> None:
+        release = self.release
+        self.parked += 1
+        self._check()
+        await release.wait()
+
+    async def _group(self, task: Task) -> None:
+        try:
+            records = await self.engine.grouped(task, self.group_size, self._on_level, self._gate)
+            self.finished += records
+        except BaseException as error:  # noqa: BLE001 - handed to the trainer at the end of the step
+            self.failure = error
+        finally:
+            self.live -= 1
+            self._check()
+
+    def _on_level(self, task: Task, records: list[EpisodeRecord]) -> None:
+        for record in records:
+            self._collect(record)
+
+    def _collect(self, record: EpisodeRecord) -> None:
+        new = [c for c in record.calls if c.rewards and id(c) not in self.taken]
+        self.taken.update(id(c) for c in new)
+        if new:
+            self.ready.setdefault(id(record), (record, []))[1].extend(new)
