@@ -108,3 +108,23 @@ def test_cancelling_ends_episodes_as_cancelled_and_keeps_what_finished(tiny_back
     episodes = asyncio.run(engine.run(tasks))
     assert [e.status for e in episodes] == ["cancelled"] * 3
     assert all([c.role for c in e.calls] == ["solver"] for e in episodes), "finished calls are kept"
+
+
+def test_each_roles_sampling_reaches_the_backend_request(tiny_backend):
+    from workbench.backends.wrapper import BackendWrapper
+    from workbench.topology import from_dict, to_dict
+
+    spec = to_dict(wb.load_topology("marsrl"))
+    spec["roles"]["solver"]["sampling"].update(temperature=0.7, top_p=0.95, top_k=20, max_tokens=5)
+    seen = []
+
+    class Recording(BackendWrapper):
+        async def generate(self, request):
+            seen.append(request)
+            return await self.inner.generate(request)
+
+    engine = Rollout(from_dict(spec), Recording(tiny_backend), max_tokens=4)
+    asyncio.run(engine.run(wb.generate_tasks("arithmetic", n=1, seed=5, level=1)))
+    solver = seen[0]
+    assert (solver.temperature, solver.top_p, solver.top_k, solver.max_tokens) == (0.7, 0.95, 20, 4)
+    assert all(r.top_k is None for r in seen[1:]), "roles without top_k sample from the whole vocabulary"

@@ -212,6 +212,7 @@ def test_invalid_specs_of_every_node_kind_name_path_and_fix(name, mutate, path, 
         ),
         (lambda d: d["flow"].update(start="missing"), "flow.start"),
         (lambda d: d["roles"]["solver"]["sampling"].update(max_tokens=0), "roles.solver.sampling.max_tokens"),
+        (lambda d: d["roles"]["solver"]["sampling"].update(top_k=0), "roles.solver.sampling.top_k"),
         (lambda d: d["roles"]["solver"].update(colour="red"), "roles.solver.colour"),
     ],
 )

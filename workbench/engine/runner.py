@@ -699,6 +699,7 @@ class Rollout:
                 max_tokens=max_tokens,
                 temperature=role.sampling.temperature,
                 top_p=role.sampling.top_p,
+                top_k=role.sampling.top_k,
                 stop=tuple(dict.fromkeys((*stop, *role.stop))),
                 # a policy the backend serves as a LoRA adapter (declared in the spec, or a trainer's)
                 adapter=role.policy if role.policy in getattr(backend, "adapters", {}) else None,

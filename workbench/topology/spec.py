@@ -25,6 +25,11 @@ class Sampling(_Spec):
     max_tokens: int = Field(256, ge=1, description="Most tokens one call may generate.")
     temperature: float = Field(1.0, ge=0.0, description="0 means greedy decoding.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: int | None = Field(
+        None,
+        ge=1,
+        description="Sample among the k most likely tokens; unset: the whole vocabulary (vLLM's -1).",
+    )
 
 
 class Message(_Spec):
