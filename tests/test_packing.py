@@ -7,8 +7,10 @@ checked (``tiny`` is a Qwen2, ``smollm2-135m`` a Llama), with sdpa and eager att
 ``use_block_attention`` (``packed_sdpa``: sdpa per sample block; the references then run through its
 fallback to plain sdpa, so they check that too).
 
-Tolerances. In float64 packing is exact: log-probs, entropies and gradients agree to 1e-10 (measured
-1e-14 on smollm2). In float32, the training dtype, the matmuls of one 200-token row and of a 20-token
+Tolerances. In float64 packing is exact: log-probs and entropies agree to 1e-10 (measured 1e-14 on
+smollm2), gradients to 1e-7 of the largest entry (measured 1e-14 on one machine, 5e-9 on an AMD EPYC
+with the same packages: its float64 kernels round differently; a leak between samples moves gradients
+by far more). In float32, the training dtype, the matmuls of one 200-token row and of a 20-token
 sequence round differently, and on smollm2 (log-probs down to -30, vocabulary 49k) that is visible:
 log-probs within ``1e-5 * (1 + |ref|)`` (measured up to 4e-6 relative), entropies within
 ``1e-4 + 1e-5 * ref`` (measured up to 6e-5), gradients within 5e-4 of the largest entry (measured up
@@ -293,7 +295,7 @@ def test_packed_gradients_equal_the_sum_of_per_sample_gradients(model):
         scale = summed[name].abs().max()
         assert scale > 0, name
         error = (packed[name] - summed[name]).abs().max()
-        tolerance = 1e-10 if scale.dtype == torch.float64 else 5e-4
+        tolerance = 1e-7 if scale.dtype == torch.float64 else 5e-4
         assert error <= tolerance * scale, (name, error.item(), scale.item())
 
 
