@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -327,9 +326,7 @@ def test_list_models_reports_what_is_built(tmp_path: Path) -> None:
 
 def test_prepare_prints_progress_then_reuses(tmp_path: Path) -> None:
     lines: list[str] = []
-    start = time.monotonic()
     path = prepare("tiny", cache_dir=tmp_path, echo=lines.append)
-    assert time.monotonic() - start < 10
     assert lines[0].startswith("tiny: building into") and "built in" in lines[-1] and str(path) in lines[-1]
     lines.clear()
     assert prepare("tiny", cache_dir=tmp_path, echo=lines.append) == path

@@ -145,11 +145,3 @@ def test_options_and_errors():
         build_knowledge_base(0, 3)
     with pytest.raises(TaskGenerationError, match="raise n_entities"):
         generate("multihop", 500, seed=0, hops=1, n_entities=12)
-
-
-def test_fast():
-    import time
-
-    start = time.perf_counter()
-    generate("multihop", 500, seed=0, n_entities=200)
-    assert time.perf_counter() - start < 3.0
