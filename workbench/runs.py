@@ -229,16 +229,14 @@ def write_step(
     role_metrics: dict[str, dict[str, float]],
     *,
     policy_version: int = 0,
-    advantages: dict[tuple[int, int], float] | None = None,
     held_out: dict | None = None,
 ) -> None:
-    """Store one step: its episodes, their calls (rewards, advantages keyed by (episode index, position),
-    source links), the step's metrics, global and per role, and the held-out scores per task if any."""
+    """Store one step: its episodes, their calls (rewards, the advantage each was trained with, source
+    links), the step's metrics, global and per role, and the held-out scores per task if any."""
     from workbench.store import TokenOwner
 
-    advantages = advantages or {}
     with store.step(index, policy_version=policy_version) as step:
-        for e_index, episode in enumerate(episodes):
+        for episode in episodes:
             task = tasks[episode.task_id]
             episode_id = step.add_episode(
                 task_id=episode.task_id,
@@ -261,7 +259,7 @@ def write_step(
                     parent_id=call_ids[call.parent] if call.parent is not None else None,
                     source_id=call_ids.get(call.source) if call.source is not None else None,
                     rewards=call.rewards or None,
-                    advantage=advantages.get((e_index, call.position)),
+                    advantage=call.advantage,
                     position=call.position,
                     policy=call.policy,
                     prompt_ids=call.prompt_ids,

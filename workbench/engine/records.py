@@ -29,6 +29,7 @@ class CallRecord:
     tool_results: list[dict[str, Any]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     rewards: dict[str, float] = field(default_factory=dict)  # reward, accuracy, format (workbench.rewards)
+    advantage: float | None = None  # set when the call is trained on, stored with it
 
 
 @dataclass

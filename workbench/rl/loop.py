@@ -147,7 +147,6 @@ def run_training(
             drain_every=config.checkpoint_every,
         )
         # id of a trained call -> its advantage, kept until its episode is stored (later, under the pipeline)
-        advantages: dict[int, float] = {}
         status = "finished"
         for step in range(start, config.steps):
             if should_stop():
@@ -196,14 +195,8 @@ def run_training(
             )
             for s in samples:
                 call = episodes[s.episode].calls[_index(episodes[s.episode], s.position)]
-                advantages[id(call)] = s.advantage
+                call.advantage = s.advantage
                 call.timings["trained_step"] = step
-            stored = {
-                (i, c.position): advantages.pop(id(c))
-                for i, e in enumerate(got.episodes)
-                for c in e.calls
-                if id(c) in advantages
-            }
             write_step(
                 store,
                 step,
@@ -212,7 +205,6 @@ def run_training(
                 metrics,
                 roles,
                 policy_version=policy_version - 1,
-                advantages=stored,
                 held_out=held_out,
             )
             log(
