@@ -15,6 +15,9 @@ One run serves both tests. The Solver's rise is reliable (3.0 standard errors in
 The Verifier's is not, so its test is an expected failure until it is: it rose 0.00 -> 0.59 in one run,
 and in two later runs its greedy output after training copied the Solver's answer (one shared policy,
 and in most steps every Verifier group has one reward, so no gradient); an XPASS shows a run where it rose.
+Its score is measured on the Solver's greedy solutions, so "always Correct" scores the Solver's accuracy
+(a verdict-first prompt did exactly that, 0.69 -> 0.97 here, and 0.50 on a fixed balanced set both
+before and after): an XPASS needs the TP/FP/TN/FN counts read before it is believed.
 """
 
 from __future__ import annotations
