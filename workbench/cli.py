@@ -147,6 +147,8 @@ def _serve(args: argparse.Namespace) -> int:
         cookie_secret_file=args.cookie_secret_file,
         allow_origin=args.allow_origin or None,
         show=False,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
     )
     return 0
 
@@ -230,6 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--cookie-secret-file", help="file holding the session cookie secret (else $WORKBENCH_COOKIE_SECRET)"
     )
     p.add_argument("--allow-origin", action="append", help="host:port browsers use to reach the server")
+    p.add_argument(
+        "--ssl-certfile", help="serve HTTPS with this certificate (PEM); the session cookie is then Secure"
+    )
+    p.add_argument(
+        "--ssl-keyfile", help="the certificate's private key (PEM), unless the certificate file holds it"
+    )
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("users", help="add a dashboard user to a users file")

@@ -97,7 +97,7 @@ def rollout(
     """
     from workbench.store import RunStore
     from workbench.tasks import save_jsonl
-    from workbench.training import TASKS_FILE, launch
+    from workbench.training import TASKS_FILE, launch, storage_errors
 
     if isinstance(topology, str):
         topology = load(topology)
@@ -122,8 +122,11 @@ def rollout(
         runs_dir, config=config, run_id=run_id, name=f"{topology.name} rollout", topology=topology.name
     )
     if background:
-        save_jsonl(tasks, store.run_dir / TASKS_FILE)
-        store.close()
+        try:
+            with storage_errors(store.run_dir / TASKS_FILE):
+                save_jsonl(tasks, store.run_dir / TASKS_FILE)
+        finally:
+            store.close()
         return launch(store.run_dir, rollout_here)
     return _roll_out(store, topology, tasks, backend, model, group_size, max_tokens, judge)
 
@@ -187,14 +190,31 @@ def _roll_out(
         metrics["time/rollout_s"] = seconds
         write_step(store, 0, episodes, by_id, metrics, role_metrics)
         store.set_status("stopped" if engine.cancelled else "finished")
-    except BaseException:
-        store.set_status("failed")
+    except BaseException as error:
+        record_end(store, error, "failed")
         raise
     finally:
         store.close()
         if isinstance(backend, str):
             engine_backend.close()
     return RolloutResult(store.run_dir, episodes, rewards, seconds, metrics)
+
+
+def record_end(store: Any, error: BaseException, status: str) -> None:
+    """Store why a run ended early (an ``error`` event unless stopped) and its status, as far as the store
+    can still be written: a full or read-only disk must not replace ``error`` with its own."""
+    import traceback
+
+    from workbench.store import StoreError
+
+    try:
+        if status == "failed":
+            store.log_event(
+                "error", {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+            )
+        store.set_status(status)
+    except StoreError as unrecorded:
+        error.add_note(f"the run store could not record this either: {unrecorded}")
 
 
 def _cancel_when(should_stop: Any, engine: Rollout, interval: float = 0.5) -> None:

@@ -10,11 +10,12 @@ background=True)`` returns the same handle for a rollout): ``run.stop()``,
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,11 @@ class BackgroundRun:
         return self.status
 
     def wait(self, timeout: float | None = None) -> str:
-        """Block until the run ends (or ``timeout`` s pass); raises if it failed, with its error."""
+        """Block until the run ends (or ``timeout`` s pass); raises if it failed, with its error.
+
+        Also raises when the process ended without recording an end (killed, or its run directory could
+        not be written): the store then still says ``running``.
+        """
         if self.process is not None:
             self.process.join(timeout)
         else:
@@ -67,6 +72,14 @@ class BackgroundRun:
         status = self.status
         if status == "failed":
             raise RuntimeError(f"run {self.run_dir} failed: {self.error() or 'see ' + LOG_FILE}")
+        code = None if self.process is None else self.process.exitcode
+        if status in ACTIVE and code is not None:
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            raise RuntimeError(
+                f"the process of run {self.run_dir} {how} while the run was {status}, without recording why "
+                f"(see {self.run_dir / LOG_FILE}; on a full or read-only disk the error could not be stored "
+                "either); what it stored is kept, and a training run resumes with wb.resume(run_dir)"
+            )
         return status
 
     def error(self) -> str | None:
@@ -137,9 +150,10 @@ def train(
     run_dir = create(config)
     # everything a resumed run needs lives in the run directory
     if isinstance(topology, Topology):
-        (run_dir / TOPOLOGY_FILE).write_text(to_yaml(topology))
+        write_run_file(run_dir / TOPOLOGY_FILE, to_yaml(topology))
     if tasks is not None:
-        save_jsonl(tasks, run_dir / TASKS_FILE)
+        with storage_errors(run_dir / TASKS_FILE):
+            save_jsonl(tasks, run_dir / TASKS_FILE)
     return launch(run_dir, run_here)
 
 
@@ -147,9 +161,27 @@ def resume(run_dir: str | Path, **overrides: Any) -> BackgroundRun:
     """Continue a stopped or killed run from its newest checkpoint, in a background process."""
     run_dir = Path(run_dir)
     config = TrainConfig.from_dict({**TrainConfig.from_yaml(run_dir / CONFIG_FILE).to_dict(), **overrides})
-    (run_dir / CONFIG_FILE).write_text(config.to_yaml())
-    (run_dir / STOP_FILE).unlink(missing_ok=True)
+    write_run_file(run_dir / CONFIG_FILE, config.to_yaml())
+    with storage_errors(run_dir / STOP_FILE):
+        (run_dir / STOP_FILE).unlink(missing_ok=True)
     return launch(run_dir, run_here)
+
+
+@contextlib.contextmanager
+def storage_errors(path: Path) -> Iterator[None]:
+    """Re-raise an OSError met writing ``path`` as a StorageError naming the path and the cause."""
+    from workbench.store.layout import storage_error
+
+    try:
+        yield
+    except OSError as error:
+        raise storage_error(error, path) from error
+
+
+def write_run_file(path: Path, text: str) -> None:
+    """Write one of a run's files (its config, topology); a refused write names the path and the cause."""
+    with storage_errors(path):
+        path.write_text(text)
 
 
 def _config(config: Any, overrides: dict[str, Any]) -> TrainConfig:
@@ -215,5 +247,18 @@ def create(config: TrainConfig) -> Path:
         topology=config.topology,
     )
     store.close()
-    (store.run_dir / CONFIG_FILE).write_text(config.to_yaml())
+    try:
+        (store.run_dir / CONFIG_FILE).write_text(config.to_yaml())
+    except OSError as error:
+        import shutil
+
+        from workbench.store import RunsDirError
+        from workbench.store.layout import cause
+
+        shutil.rmtree(store.run_dir, ignore_errors=True)
+        path = store.run_dir / CONFIG_FILE
+        raise RunsDirError(
+            f"cannot write {path} ({cause(error, path)}); nothing was created: free space or fix "
+            "permissions, or choose another runs_dir"
+        ) from error
     return store.run_dir

@@ -17,33 +17,63 @@ from typing import Any
 import numpy as np
 import torch
 
+from workbench.store.layout import storage_error
+
 STATE_FILE = "trainer_state.json"
 
 
 def save(
     run_dir: Path, step: int, policies: Any, optimizer: Any, state: dict[str, Any], keep: int = 2
 ) -> Path:
-    """Write the checkpoint of ``step`` under ``run_dir/checkpoints/step-NNNNNN`` atomically."""
+    """Write the checkpoint of ``step`` under ``run_dir/checkpoints/step-NNNNNN`` atomically.
+
+    A write the file system refuses (disk full, read-only) raises a ``StorageError`` naming the path and
+    the cause, and leaves the previous checkpoints as they were.
+    """
     root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
     tmp = root / f".tmp-step-{step:06d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    torch.save(policies.state(), tmp / "weights.pt")  # the trained weights of every policy
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    rng = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-    torch.save(rng, tmp / "rng.pt")
-    (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}))
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        _save(policies.state(), tmp / "weights.pt")  # the trained weights of every policy
+        _save(optimizer.state_dict(), tmp / "optimizer.pt")
+        rng = {
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+        }
+        _save(rng, tmp / "rng.pt")
+        (tmp / STATE_FILE).write_text(json.dumps({**state, "step": step}))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+    except (OSError, RuntimeError) as error:
+        refused = _os_error(error)
+        if refused is None:
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise storage_error(refused, final, "write checkpoint") from error
     for old in complete(run_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _save(obj: Any, path: Path) -> None:
+    """``torch.save`` through a Python file, so that a refused write surfaces as the OS error behind it."""
+    with open(path, "wb") as file:
+        torch.save(obj, file)
+
+
+def _os_error(error: BaseException) -> OSError | None:
+    """The OSError behind ``error`` (torch wraps a failed write in a RuntimeError), or None."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def complete(run_dir: Path) -> list[Path]:

@@ -84,6 +84,18 @@ class TrainConfig:
         "before the update), behaviour (the engine's log-probs of the policy that sampled them), truncated "
         "(recompute, weighted by min(old/engine, engine_ratio_cap or 2)).",
     )
+    # ---- scale-out (workbench.cluster; needs the ray extra)
+    cluster: str | None = _f(
+        None,
+        "Where rollouts run: None (this process), local (a Ray cluster started on this machine), or the address "
+        "of a running Ray cluster (ray://host:10001, or auto for the one `ray start` made here). sync scheduler.",
+    )
+    cluster_workers: int = _f(2, "Rollout workers (Ray actors, each with its own copy of the policies).")
+    cluster_cpus_per_worker: float = _f(1.0, "CPUs Ray reserves for each rollout worker.")
+    cluster_gpus_per_worker: float = _f(0.0, "GPUs Ray reserves for each rollout worker (vllm backend: 1).")
+    cluster_max_restarts: int = _f(
+        3, "Rollout workers a step may replace (a lost worker's tasks are rolled out again) before it fails."
+    )
     # ---- optimisation
     learning_rate: float = _f(1e-6, "AdamW learning rate (constant).")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
@@ -143,6 +155,10 @@ class TrainConfig:
             problems.append(f"backend must be hf or vllm, got {self.backend!r}")
         if not self.learning_rate > 0:
             problems.append(f"learning_rate must be > 0, got {self.learning_rate!r}")
+        if self.cluster is not None and self.scheduler != "sync":
+            problems.append(f"cluster runs use the sync scheduler, got scheduler {self.scheduler!r}")
+        if not isinstance(self.cluster_workers, int) or self.cluster_workers < 1:
+            problems.append(f"cluster_workers must be a positive integer, got {self.cluster_workers!r}")
         if self.checkpoint_every < 1:
             problems.append(f"checkpoint_every must be >= 1, got {self.checkpoint_every!r}")
         if problems:

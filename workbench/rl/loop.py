@@ -86,7 +86,7 @@ def run_training(
 
     from workbench.engine import Rollout
     from workbench.models import load as load_model
-    from workbench.runs import with_sampling, write_step
+    from workbench.runs import record_end, with_sampling, write_step
     from workbench.store import RunStore
     from workbench.topology import load as load_topology
 
@@ -136,17 +136,32 @@ def run_training(
         def batch_for(step: int) -> list[Any]:
             return [tasks[i] for i in task_order(len(tasks), step, config.batch_size, config.seed)]
 
-        scheduler = make_scheduler(
-            config.scheduler,
-            engine,
-            batch_for,
-            config.group_size,
-            start,
-            config.steps,
-            config.max_staleness,
-            drain_every=config.checkpoint_every,
-        )
-        # id of a trained call -> its advantage, kept until its episode is stored (later, under the pipeline)
+        if config.cluster is not None:
+            from workbench.cluster import ClusterScheduler, RolloutPool
+            from workbench.topology import to_dict
+
+            pool = RolloutPool(
+                config.cluster,
+                to_dict(topology),
+                config.to_dict(),
+                config.cluster_workers,
+                config.cluster_cpus_per_worker,
+                config.cluster_gpus_per_worker,
+                config.cluster_max_restarts,
+                log=log,
+            )
+            scheduler = ClusterScheduler(pool, batch_for, config.group_size, policies.state, policy_version)
+        else:
+            scheduler = make_scheduler(
+                config.scheduler,
+                engine,
+                batch_for,
+                config.group_size,
+                start,
+                config.steps,
+                config.max_staleness,
+                drain_every=config.checkpoint_every,
+            )
         status = "finished"
         for step in range(start, config.steps):
             if should_stop():
@@ -185,6 +200,7 @@ def run_training(
                 {"time/rollout_s": rollout_s, "time/advantages_s": advantage_s, "time/weight_sync_s": sync_s}
             )
             metrics.update(input_lag_metrics(got.episodes))
+            metrics.update(got.metrics)
             held_out = None
             if eval_tasks and _eval_due(config, step):
                 eval_metrics, held_out = evaluate(greedy, eval_tasks, scheduler.run)
@@ -226,16 +242,11 @@ def run_training(
         for backend in {id(b): b for b in [*backends.values(), judge] if b is not None}.values():
             backend.close()
         return status
-    except KeyboardInterrupt:
-        store.set_status("stopped")
+    except KeyboardInterrupt as interrupt:
+        record_end(store, interrupt, "stopped")
         raise
     except BaseException as error:
-        import traceback
-
-        store.log_event(
-            "error", {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
-        )
-        store.set_status("failed")
+        record_end(store, error, "failed")
         raise
     finally:
         if scheduler is not None:

@@ -25,6 +25,7 @@ from .errors import (
     RunsDirError,
     SchemaVersionError,
     StepError,
+    StorageError,
     StoreError,
     WriterLockedError,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "RunsDirError",
     "SchemaVersionError",
     "StepError",
+    "StorageError",
     "StoreError",
     "StepWriter",
     "TokenOwner",

@@ -15,6 +15,17 @@ class RunsDirError(StoreError):
     """The runs directory cannot hold a new run (not a directory, not writable)."""
 
 
+class StorageError(StoreError):
+    """The file system refused a write to a run (disk full, read-only, I/O error); what was stored before is kept.
+
+    `reason` is the cause alone (e.g. "the disk is full (...)"), for callers that word their own message.
+    """
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason or message
+
+
 class RunExistsError(StoreError):
     """A run with the requested id already exists."""
 

@@ -8,6 +8,8 @@ by creation time: `20261122-045012-ab12cd` is UTC date, time and six random hex 
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import re
 import secrets
 import sqlite3
@@ -16,7 +18,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import CorruptStoreError, NotARunStoreError, ReadOnlyStoreError, RunNotFoundError, StoreError
+from .errors import (
+    CorruptStoreError,
+    NotARunStoreError,
+    ReadOnlyStoreError,
+    RunNotFoundError,
+    StorageError,
+    StoreError,
+)
 
 DB_NAME = "run.db"
 CONFIG_NAME = "config.yaml"
@@ -89,10 +98,62 @@ def existing_run(run_dir: str | Path) -> RunPaths:
     return paths
 
 
-def translate(exc: sqlite3.Error, path: Path) -> Exception:
-    """Turn a SQLite error about the file at `path` into a StoreError saying what to do."""
+#: What to do after the file system refused a write; nothing already committed is lost.
+KEPT = "the steps stored before are kept; resume the run once that is fixed"
+
+
+def free_space(path: Path) -> str:
+    """`path`'s file system and its free space, for error messages ("" if it cannot be read)."""
+    for candidate in (path, *path.parents):
+        if not candidate.is_dir():
+            continue
+        try:
+            usage = os.statvfs(candidate)
+        except OSError:
+            continue
+        return f"{usage.f_bavail * usage.f_frsize:,} bytes free on the file system of {candidate}"
+    return ""
+
+
+def cause(exc: OSError, path: Path) -> str:
+    """Why the OS refused to write `path`, in words: the error's text, plus the free space when full."""
+    text = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        space = free_space(path)
+        return f"{text}; {space}" if space else text
+    return text
+
+
+def storage_error(exc: OSError, path: Path, what: str = "write") -> StorageError:
+    """A clear StorageError for an OSError met while writing `path` (names the path and the cause)."""
+    reason = cause(exc, path)
+    return StorageError(f"cannot {what} {path} ({reason}); {KEPT}", reason)
+
+
+def translate(exc: sqlite3.Error, path: Path, *, writer: bool = False) -> Exception:
+    """Turn a SQLite error about the file at `path` into a StoreError saying what to do.
+
+    `writer`: the error came through the run's writer, so a read-only database means the file system
+    or the file's permissions, not a RunReader.
+    """
     name = getattr(exc, "sqlite_errorname", "") or ""
     text = str(exc)
+    reason = None
+    if name.startswith("SQLITE_FULL") or "database or disk is full" in text:
+        space = free_space(path)
+        reason = f"the disk is full ({text}{'; ' + space if space else ''})"
+    elif name.startswith("SQLITE_IOERR") or "disk I/O error" in text:
+        reason = (
+            f"the file system reported an I/O error ({text}; it may be full, read-only or failing; "
+            f"{free_space(path) or 'free space unknown'})"
+        )
+    elif writer and (name.startswith("SQLITE_READONLY") or "readonly database" in text):
+        reason = (
+            f"the database is read-only ({text}): it or its directory is on a read-only file system "
+            "or not writable by this user"
+        )
+    if reason is not None:
+        return StorageError(f"cannot {'write' if writer else 'read'} {path}: {reason}; {KEPT}", reason)
     if name.startswith("SQLITE_NOTADB") or "file is not a database" in text:
         return NotARunStoreError(
             f"{path} is not a SQLite database; point at a run directory made by RunStore.create"
@@ -115,22 +176,41 @@ def translate(exc: sqlite3.Error, path: Path) -> Exception:
 
 
 @contextlib.contextmanager
-def sqlite_errors(path: Path) -> Iterator[None]:
+def sqlite_errors(path: Path, *, writer: bool = False) -> Iterator[None]:
     """Re-raise SQLite errors about `path` as StoreErrors (unknown ones pass through unchanged)."""
     try:
         yield
     except sqlite3.Error as exc:
-        new = translate(exc, path)
+        new = translate(exc, path, writer=writer)
         if new is exc:
             raise
         raise new from exc
 
 
 def connect(db: Path, *, readonly: bool, create: bool = False) -> sqlite3.Connection:
-    """Open `db` in autocommit mode (transactions are explicit); never creates it unless `create`."""
+    """Open `db` in autocommit mode (transactions are explicit); never creates it unless `create`.
+
+    A reader of a run on a read-only file system (an archive, a read-only mount for the dashboard) opens it
+    as immutable: SQLite cannot make the shared-memory file a WAL database needs, and no writer can exist.
+    """
     mode = "ro" if readonly else ("rwc" if create else "rw")
     uri = f"{db.resolve().as_uri()}?mode={mode}"
-    with sqlite_errors(db):
+    with sqlite_errors(db, writer=not readonly):
         conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        if readonly and _on_read_only_file_system(db):
+            try:
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            except sqlite3.OperationalError:
+                conn.close()
+                conn = sqlite3.connect(
+                    uri + "&immutable=1", uri=True, isolation_level=None, check_same_thread=False
+                )
     return conn
+
+
+def _on_read_only_file_system(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path.parent).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False

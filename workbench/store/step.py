@@ -110,7 +110,7 @@ class StepWriter:
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> StepWriter:
         store = self._store
-        with store._mutex, sqlite_errors(store.db_path):
+        with store._mutex, sqlite_errors(store.db_path, writer=True):
             store._check_open()
             if self._state != "new":
                 raise StepError(f"step {self.index} was already used; open a new one with store.step(...)")
@@ -149,7 +149,7 @@ class StepWriter:
 
     def _complete(self) -> None:
         store = self._store
-        with store._mutex, sqlite_errors(store.db_path):
+        with store._mutex, sqlite_errors(store.db_path, writer=True):
             store._begin()
             store._conn.execute(
                 "UPDATE episodes SET status = 'complete' WHERE step = ? AND status = 'running'", (self.index,)
@@ -168,7 +168,7 @@ class StepWriter:
         conn = store._conn
         with store._mutex:
             try:
-                with sqlite_errors(store.db_path):
+                with sqlite_errors(store.db_path, writer=True):
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
                     store._begin()
@@ -201,7 +201,7 @@ class StepWriter:
 
     def flush(self) -> None:
         """Commit the rows queued so far, so readers see them; the step stays `running`."""
-        with self._store._mutex, sqlite_errors(self._store.db_path):
+        with self._store._mutex, sqlite_errors(self._store.db_path, writer=True):
             self._writable()
             self._store._commit()
 
@@ -228,7 +228,7 @@ class StepWriter:
             _opt_str(error, "episode error"),
         )
         store = self._store
-        with store._mutex, sqlite_errors(store.db_path):
+        with store._mutex, sqlite_errors(store.db_path, writer=True):
             self._writable()
             episode_id = store._next_id("episodes")
             store._begin()
@@ -266,7 +266,7 @@ class StepWriter:
         if not fields:
             return
         store = self._store
-        with store._mutex, sqlite_errors(store.db_path):
+        with store._mutex, sqlite_errors(store.db_path, writer=True):
             self._writable()
             store._begin()
             store._conn.execute(
@@ -319,7 +319,7 @@ class StepWriter:
         """
         args = dict(locals())
         del args["self"]
-        with self._store._mutex, sqlite_errors(self._store.db_path):
+        with self._store._mutex, sqlite_errors(self._store.db_path, writer=True):
             self._writable()
             row = self._call_row(**args)
             self._store._begin()
@@ -329,7 +329,7 @@ class StepWriter:
     def add_calls(self, calls: Iterable[Mapping[str, Any]]) -> list[int]:
         """Add many calls at once (each a dict of `add_call` arguments); all or none are added."""
         store = self._store
-        with store._mutex, sqlite_errors(store.db_path):
+        with store._mutex, sqlite_errors(store.db_path, writer=True):
             self._writable()
             saved = (dict(self._episodes), set(self._reserved), store._last_ids["calls"])
             rows = []
@@ -461,7 +461,7 @@ class StepWriter:
         """Update many calls at once (each a dict with `id` and the fields to set); all or none apply."""
         store = self._store
         conn = store._conn
-        with store._mutex, sqlite_errors(store.db_path):
+        with store._mutex, sqlite_errors(store.db_path, writer=True):
             self._writable()
             store._begin()
             conn.execute("SAVEPOINT update_calls")
@@ -528,7 +528,7 @@ class StepWriter:
                 raise InvalidRecordError(f"metric name {name!r} must be a non-empty string")
             values.append((name, as_number(value, f"metric {name!r}")))
         store = self._store
-        with store._mutex, sqlite_errors(store.db_path):
+        with store._mutex, sqlite_errors(store.db_path, writer=True):
             self._writable()
             rows = [(store._next_id("metrics"), self.index, role, name, v, now) for name, v in values]
             store._begin()
@@ -541,7 +541,7 @@ class StepWriter:
         if not isinstance(kind, str) or not kind:
             raise InvalidRecordError(f"event kind must be a non-empty string, got {kind!r}")
         store = self._store
-        with store._mutex, sqlite_errors(store.db_path):
+        with store._mutex, sqlite_errors(store.db_path, writer=True):
             self._writable()
             store._insert_event(kind, payload, self.index)
 

@@ -30,8 +30,15 @@ from filelock import FileLock, Timeout
 
 from . import schema
 from .codec import dumps, loads, plain
-from .errors import InvalidRecordError, RunExistsError, RunsDirError, StoreError, WriterLockedError
-from .layout import RunPaths, check_run_id, connect, existing_run, new_run_id, sqlite_errors
+from .errors import (
+    InvalidRecordError,
+    RunExistsError,
+    RunsDirError,
+    StorageError,
+    StoreError,
+    WriterLockedError,
+)
+from .layout import RunPaths, cause, check_run_id, connect, existing_run, new_run_id, sqlite_errors
 from .step import StepWriter
 
 if TYPE_CHECKING:
@@ -58,8 +65,8 @@ def _lock(paths: RunPaths) -> FileLock:
         ) from None
     except OSError as exc:
         raise RunsDirError(
-            f"cannot lock {paths.lock} ({exc.strerror}); the run directory must be writable to write to it, "
-            "or read the run with RunReader"
+            f"cannot lock {paths.lock} ({cause(exc, paths.lock)}); the run directory must be writable to write "
+            "to it (what is stored stays readable with RunReader)"
         ) from None
     return lock
 
@@ -87,7 +94,7 @@ class RunStore:
         self._mutex = threading.RLock()
         self._open_step: StepWriter | None = None
         self._closed = False
-        with sqlite_errors(paths.db):
+        with sqlite_errors(paths.db, writer=True):
             row = conn.execute("SELECT id, config FROM runs").fetchone()
             if row is None:
                 raise StoreError(f"{paths.db} has no run row; it was not made by RunStore.create")
@@ -129,7 +136,7 @@ class RunStore:
             runs_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise RunsDirError(
-                f"cannot create runs directory {runs_dir} ({exc.strerror}); choose a writable runs_dir"
+                f"cannot create runs directory {runs_dir} ({cause(exc, runs_dir)}); choose a writable runs_dir"
             ) from None
         run_dir = cls._claim_dir(runs_dir.resolve(), run_id)
         paths = RunPaths(run_dir)
@@ -141,7 +148,7 @@ class RunStore:
             paths.checkpoints.mkdir()
             lock = _lock(paths)
             conn = connect(paths.db, readonly=False, create=True)
-            with sqlite_errors(paths.db):
+            with sqlite_errors(paths.db, writer=True):
                 _configure(conn, synchronous, paths.db)
                 schema.migrate(conn, paths.db, fresh=True)
                 now = time.time()
@@ -162,17 +169,22 @@ class RunStore:
             if lock is not None:
                 lock.release()
             shutil.rmtree(run_dir, ignore_errors=True)
-            if isinstance(exc, OSError):
+            if isinstance(exc, OSError | StorageError):
+                reason = exc.reason if isinstance(exc, StorageError) else cause(exc, run_dir)
                 raise RunsDirError(
-                    f"cannot write run {run_dir} ({exc.strerror or exc}); check free space and permissions"
+                    f"cannot create run {run_dir} ({reason}); nothing was created: free space or fix "
+                    "permissions, or choose another runs_dir"
                 ) from exc
             raise
 
     @staticmethod
     def _claim_dir(runs_dir: Path, run_id: str | None) -> Path:
         if not os.access(runs_dir, os.W_OK | os.X_OK):
+            read_only = bool(os.statvfs(runs_dir).f_flag & os.ST_RDONLY)
+            reason = "it is on a read-only file system" if read_only else "permission denied"
             raise RunsDirError(
-                f"runs directory {runs_dir} is not writable; choose another runs_dir or fix its permissions"
+                f"runs directory {runs_dir} is not writable ({reason}); choose another runs_dir"
+                + ("" if read_only else " or fix its permissions")
             )
         candidates = [check_run_id(run_id)] if run_id is not None else [new_run_id() for _ in range(20)]
         for candidate in candidates:
@@ -188,7 +200,8 @@ class RunStore:
                     ) from None
             except OSError as exc:
                 raise RunsDirError(
-                    f"cannot create {run_dir} ({exc.strerror}); choose a writable runs_dir or fix its permissions"
+                    f"cannot create {run_dir} ({cause(exc, runs_dir)}); choose a writable runs_dir, free space "
+                    "or fix its permissions"
                 ) from None
         raise RunExistsError(f"could not find a free run id in {runs_dir}; pass run_id explicitly")
 
@@ -200,7 +213,7 @@ class RunStore:
         conn = None
         try:
             conn = connect(paths.db, readonly=False)
-            with sqlite_errors(paths.db):
+            with sqlite_errors(paths.db, writer=True):
                 schema.check_not_newer(schema.read_version(conn, paths.db), paths.db)
                 _configure(conn, synchronous, paths.db)
                 schema.migrate(conn, paths.db)
@@ -215,7 +228,7 @@ class RunStore:
 
     def _recover(self) -> list[int]:
         """Delete the rows of steps a previous writer left running; returns the discarded step indices."""
-        with self._mutex, sqlite_errors(self._paths.db):
+        with self._mutex, sqlite_errors(self._paths.db, writer=True):
             partial = [r[0] for r in self._conn.execute("SELECT step FROM steps WHERE status != 'complete'")]
             for index in partial:
                 self._conn.execute("BEGIN IMMEDIATE")
@@ -247,7 +260,7 @@ class RunStore:
 
     @property
     def status(self) -> str:
-        with self._mutex, sqlite_errors(self._paths.db):
+        with self._mutex, sqlite_errors(self._paths.db, writer=True):
             return self._conn.execute("SELECT status FROM runs").fetchone()[0]
 
     # ------------------------------------------------------------------ writing
@@ -265,7 +278,7 @@ class RunStore:
         if not isinstance(kind, str) or not kind:
             raise InvalidRecordError(f"event kind must be a non-empty string, got {kind!r}")
         self._check_open()
-        with self._mutex, sqlite_errors(self._paths.db):
+        with self._mutex, sqlite_errors(self._paths.db, writer=True):
             return self._insert_event(kind, payload, step, commit=True)
 
     def set_status(self, status: str) -> None:
@@ -275,7 +288,7 @@ class RunStore:
                 f"run status {status!r} is unknown; use one of {', '.join(RUN_STATUSES)}"
             )
         self._check_open()
-        with self._mutex, sqlite_errors(self._paths.db):
+        with self._mutex, sqlite_errors(self._paths.db, writer=True):
             self._begin()
             self._conn.execute("UPDATE runs SET status = ?", (status,))
             self._insert_event("status", {"status": status}, None, commit=True)
@@ -283,7 +296,7 @@ class RunStore:
     def last_complete_step(self) -> int | None:
         """Index of the last complete step, or None before the first."""
         self._check_open()
-        with self._mutex, sqlite_errors(self._paths.db):
+        with self._mutex, sqlite_errors(self._paths.db, writer=True):
             return self._conn.execute("SELECT max(step) FROM steps WHERE status = 'complete'").fetchone()[0]
 
     def discard_steps_after(self, step: int | None) -> list[int]:
@@ -292,7 +305,7 @@ class RunStore:
         Logged as a ``steps_discarded`` event; returns the discarded indices.
         """
         self._check_open()
-        with self._mutex, sqlite_errors(self._paths.db):
+        with self._mutex, sqlite_errors(self._paths.db, writer=True):
             floor = -1 if step is None else int(step)
             rows = self._conn.execute(
                 "SELECT step FROM steps WHERE step > ? ORDER BY step", (floor,)

@@ -26,6 +26,7 @@ class StepRollout:
     episodes: list[EpisodeRecord]
     train: list[EpisodeRecord]
     trainer_wait_s: float = 0.0
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # the scheduler's own (cluster/*)
 
 
 class Scheduler(Protocol):

@@ -1,0 +1,1 @@
+"""Reliability and security tests: crash safety, storage errors, bad inputs, dashboard security."""

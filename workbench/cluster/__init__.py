@@ -1,0 +1,15 @@
+"""Scale-out on Ray: rollout workers as Ray actors, the training loop and the run store on the driver.
+
+``TrainConfig.cluster`` names the cluster (``local`` starts one on this machine; ``ray://host:10001`` or
+``auto`` joins a running one). Each worker (``workbench.cluster.worker``) owns a copy of the policies and a
+backend serving them; the pool (``workbench.cluster.pool``) splits a step's tasks among the workers, pushes
+the new weights after every update and replaces a worker that dies, rolling its tasks out again, so a step
+stores each episode once. Ray is imported only here, and only when a run names a cluster.
+"""
+
+from __future__ import annotations
+
+from workbench.cluster.pool import RolloutPool, WorkerLostError
+from workbench.cluster.scheduler import ClusterScheduler
+
+__all__ = ["ClusterScheduler", "RolloutPool", "WorkerLostError"]
