@@ -1,6 +1,6 @@
-"""Scale-out on Ray (issue 8): rollout workers as Ray actors, and what happens when one dies.
+"""Scale-out on Ray (issue 8): rollout workers and trainer ranks as Ray actors, and what happens when one dies.
 
-One local Ray cluster (2 CPUs) serves the module. Runs use the tiny local model and MarsRL's topology,
+One local Ray cluster (4 logical CPUs: two rollout workers and two trainer ranks) serves the module. Runs use the tiny local model and MarsRL's topology,
 so a step is a second or two; the kill tests find the worker while it executes a rollout (Ray titles
 the process ``ray::RolloutWorker.rollout``) and SIGKILL it there, mid-step.
 """
@@ -15,12 +15,17 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 import workbench as wb
-from workbench.cluster import RolloutPool, WorkerLostError
+from workbench.cluster import RolloutPool, TrainerGroup, TrainerLostError, WorkerLostError
 from workbench.cluster.pool import shards
+from workbench.models import load as load_model
 from workbench.rl.config import TrainConfig
 from workbench.rl.loop import run_training
+from workbench.rl.policies import PolicySet, per_role_policies
+from workbench.rl.samples import Sample
+from workbench.rl.trainer import PolicyTrainer
 from workbench.topology import to_dict
 from workbench.training import create
 
@@ -29,21 +34,21 @@ from workbench.training import create
 def ray_cluster():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     yield
     ray.shutdown()
 
 
-def kill_a_worker_mid_rollout(timeout: float = 120.0) -> int:
-    """SIGKILL the first rollout worker seen executing a rollout; its pid."""
+def kill_a_worker_mid_rollout(timeout: float = 120.0, title: str = "ray::RolloutWorker.rollout") -> int:
+    """SIGKILL the first actor process seen executing ``title`` (a rollout by default); its pid."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for process in psutil.process_iter(["cmdline"]):
-            if "ray::RolloutWorker.rollout" in " ".join(process.info["cmdline"] or []):
+            if title in " ".join(process.info["cmdline"] or []):
                 process.kill()
                 return process.pid
         time.sleep(0.005)
-    raise AssertionError("no rollout worker was seen executing a rollout")
+    raise AssertionError(f"no actor was seen executing {title}")
 
 
 def config(tmp_path: Path, **overrides) -> TrainConfig:
@@ -85,11 +90,15 @@ def test_shards_are_contiguous_and_balanced():
     assert [x for part in shards(list(range(10)), 4) for x in part] == list(range(10))
 
 
-def test_a_cluster_needs_the_sync_scheduler_and_workers(tmp_path):
+def test_a_cluster_needs_the_sync_scheduler_workers_and_a_cluster_for_trainers(tmp_path):
     with pytest.raises(ValueError, match="cluster runs use the sync scheduler"):
         config(tmp_path, cluster="local", scheduler="async")
     with pytest.raises(ValueError, match="cluster_workers must be a positive integer"):
         config(tmp_path, cluster="local", cluster_workers=0)
+    with pytest.raises(ValueError, match="cluster_trainers needs a cluster"):
+        config(tmp_path, cluster_trainers=2)
+    with pytest.raises(ValueError, match="cluster_trainers must be an integer >= 0"):
+        config(tmp_path, cluster="local", cluster_trainers=-1)
 
 
 @pytest.mark.slow
@@ -171,3 +180,118 @@ def test_a_training_run_survives_a_killed_worker_and_stores_nothing_twice(ray_cl
     wide = wb.RunReader(run_dir).metrics_wide()
     assert wide["cluster/workers_replaced"].tolist() == [0.0, 1.0, 0.0]
     assert wide.loc[1, "cluster/tasks_retried"] == 2.0
+
+
+def some_samples(tokenizer, n: int = 10) -> list[Sample]:
+    """Samples of three roles (each with its policy when per role) with varied lengths and advantages."""
+    roles = ["solver", "verifier1", "corrector1"]
+    out = []
+    for i in range(n):
+        prompt = tokenizer(f"Question {i}: what is {i} + {2 * i}?")["input_ids"]
+        completion = tokenizer(" The answer is" + " really" * (i % 4) + f" {3 * i}.")["input_ids"]
+        mask = [1] * len(completion)
+        mask[0] = 0 if i % 3 == 0 else 1  # a masked token here and there
+        out.append(
+            Sample(
+                prompt_ids=prompt,
+                completion_ids=completion,
+                mask=mask,
+                old_logprobs=[-2.0] * len(completion),
+                role=roles[i % 3],
+                policy="base",
+                advantage=(-1.0) ** i * (0.5 + i / n),
+            )
+        )
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policies", ["shared", "lora"])
+def test_a_group_of_two_trainer_ranks_applies_the_update_one_trainer_applies(ray_cluster, tmp_path, policies):
+    cfg = config(
+        tmp_path,
+        policies=policies,
+        policy_per_role=policies == "lora",
+        learning_rate=1e-3,
+        mini_batch_size=4,  # 10 samples: mini-batches of 4, 4 and 2, so the ranks' shares differ
+        ppo_epochs=2,
+    )
+    topology = wb.load_topology("marsrl")
+    if cfg.policy_per_role:
+        topology = per_role_policies(topology)
+    lora = {"r": cfg.lora_rank, "lora_alpha": cfg.lora_alpha, "target_modules": cfg.lora_targets}
+
+    def policy_set() -> PolicySet:
+        model, tokenizer = load_model("tiny")
+        return PolicySet(topology, model, tokenizer, cfg.policies, lora)
+
+    alone, driver = policy_set(), policy_set()
+    driver.load_state(alone.state())
+    before = {k: v.clone() for k, v in alone.state().items()}
+    samples = some_samples(alone.tokenizer)
+    if cfg.policy_per_role:
+        for s in samples:
+            s.policy = s.role
+    group = TrainerGroup("local", to_dict(topology), cfg.to_dict(), driver, 2)
+    try:
+        assert len(set(group.pids())) == 2
+        trainer = PolicyTrainer(alone.models, cfg.optim(), activate=alone.activate)
+        expected = trainer.step(samples, step_index=3)
+        got = group.step(samples, step_index=3)
+        assert group.updates == trainer.updates == 6
+        assert got["cluster/trainers"] == 2.0
+        for key in ("samples", "optimizer_steps", "trained_tokens", "clip_fraction"):
+            assert got[key] == expected[key], key
+        for key in ("loss", "grad_norm", "ratio/mean"):
+            assert got[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
+        for role, values in expected["per_role"].items():
+            assert got["per_role"][role]["grad_norm"] == pytest.approx(values["grad_norm"], rel=1e-4)
+        after_alone, after_group = alone.state(), driver.state()
+        moved = [k for k in after_alone if not torch.equal(after_alone[k], before[k])]
+        assert moved, "the update changed nothing: the comparison below would be empty"
+        for key in after_alone:
+            assert torch.allclose(after_group[key], after_alone[key], rtol=1e-4, atol=1e-6), key
+        # a checkpoint sees the group's optimizer as one: rank 0's AdamW state matches the lone trainer's
+        state = group.optimizer.state_dict()
+        lone = trainer.optimizer.state_dict()
+        assert state["state"].keys() == lone["state"].keys()
+        for k in lone["state"]:
+            assert torch.allclose(state["state"][k]["exp_avg"], lone["state"][k]["exp_avg"], atol=1e-6)
+    finally:
+        group.close()
+
+
+@pytest.mark.slow
+def test_a_run_with_a_trainer_group_resumes_in_one_process_and_stores_each_step_once(ray_cluster, tmp_path):
+    grouped = config(tmp_path, cluster="local", cluster_trainers=2, checkpoint_every=1, steps=2)
+    run_dir = create(grouped)
+    assert run_training(grouped, run_dir, log=lambda _: None) == "finished"
+    wide = wb.RunReader(run_dir).metrics_wide()
+    assert wide["cluster/trainers"].tolist() == [2.0, 2.0]
+    assert (wide["optimizer_steps"] == 1.0).all() and (wide["trained_tokens"] > 0).all()
+    # the same run, one step longer, resumed from the group's checkpoint with the update in this process
+    alone = config(tmp_path, checkpoint_every=1, steps=3)
+    assert run_training(alone, run_dir, log=lambda _: None) == "finished"
+    assert_each_step_stores_every_episode_once(run_dir, 3, 4 * 4)
+    calls = wb.RunReader(run_dir).calls()
+    assert calls.groupby("step")["policy_version"].max().tolist() == [0, 1, 2]
+
+
+@pytest.mark.slow
+def test_a_killed_trainer_rank_fails_the_step_clearly_and_the_run_resumes(ray_cluster, tmp_path):
+    cfg = config(tmp_path, cluster="local", cluster_trainers=2, checkpoint_every=1)
+    run_dir = create(cfg)
+    killed = {}
+
+    def log(line: str) -> None:
+        if line.startswith("step 0:"):  # step 0 is stored and checkpointed next; kill in step 1's update
+            title = "ray::TrainerRank.step"
+            threading.Thread(target=lambda: killed.update(pid=kill_a_worker_mid_rollout(title=title))).start()
+
+    with pytest.raises(TrainerLostError, match="resume the run"):
+        run_training(cfg, run_dir, log=log)
+    assert "pid" in killed
+    reader = wb.RunReader(run_dir)
+    assert reader.steps()["step"].tolist() == [0]
+    assert run_training(cfg, run_dir, log=lambda _: None) == "finished"
+    assert_each_step_stores_every_episode_once(run_dir, 3, 4 * 4)

@@ -96,6 +96,12 @@ class TrainConfig:
     cluster_max_restarts: int = _f(
         3, "Rollout workers a step may replace (a lost worker's tasks are rolled out again) before it fails."
     )
+    cluster_trainers: int = _f(
+        0,
+        "Trainer ranks as Ray actors (data parallel: each trains on its share of a mini-batch, gradients summed "
+        "over the ranks); 0: the update runs in the driver.",
+    )
+    cluster_cpus_per_trainer: float = _f(1.0, "CPUs Ray reserves for each trainer rank.")
     # ---- optimisation
     learning_rate: float = _f(1e-6, "AdamW learning rate (constant).")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
@@ -159,6 +165,10 @@ class TrainConfig:
             problems.append(f"cluster runs use the sync scheduler, got scheduler {self.scheduler!r}")
         if not isinstance(self.cluster_workers, int) or self.cluster_workers < 1:
             problems.append(f"cluster_workers must be a positive integer, got {self.cluster_workers!r}")
+        if not isinstance(self.cluster_trainers, int) or self.cluster_trainers < 0:
+            problems.append(f"cluster_trainers must be an integer >= 0, got {self.cluster_trainers!r}")
+        elif self.cluster_trainers and self.cluster is None:
+            problems.append("cluster_trainers needs a cluster (set cluster: local or a Ray address)")
         if self.checkpoint_every < 1:
             problems.append(f"checkpoint_every must be >= 1, got {self.checkpoint_every!r}")
         if problems:

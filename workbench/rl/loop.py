@@ -104,13 +104,29 @@ def run_training(
     by_id = {t.id: t for t in [*tasks, *eval_tasks]}
 
     store = RunStore.open(run_dir)
-    scheduler = None
+    scheduler = trainer = None
     try:
         model, tokenizer = load_model(config.model)
-        ref = copy.deepcopy(model).eval() if config.kl_coef else None
         lora = {"r": config.lora_rank, "lora_alpha": config.lora_alpha, "target_modules": config.lora_targets}
         policies = PolicySet(topology, model, tokenizer, config.policies, lora)
-        trainer = PolicyTrainer(policies.models, config.optim(), ref_model=ref, activate=policies.activate)
+        if config.cluster_trainers:
+            from workbench.cluster import TrainerGroup
+            from workbench.topology import to_dict
+
+            trainer = TrainerGroup(
+                config.cluster,
+                to_dict(topology),
+                config.to_dict(),
+                policies,
+                config.cluster_trainers,
+                config.cluster_cpus_per_trainer,
+                log=log,
+            )
+        else:
+            ref = copy.deepcopy(model).eval() if config.kl_coef else None
+            trainer = PolicyTrainer(
+                policies.models, config.optim(), ref_model=ref, activate=policies.activate
+            )
         # a rollout running beside the update generates from its own copy of the weights
         beside = config.scheduler == "async" or (config.scheduler == "pipeline" and config.max_staleness > 0)
         served = policies.backends(config.backend, config.model, own_weights=beside)
@@ -249,8 +265,9 @@ def run_training(
         record_end(store, error, "failed")
         raise
     finally:
-        if scheduler is not None:
-            scheduler.close()
+        for part in (scheduler, trainer):  # the rollout pool before the trainer group that may own Ray
+            if part is not None:
+                part.close()
         store.close()
 
 

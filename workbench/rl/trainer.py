@@ -3,7 +3,8 @@
 Samples are split into mini-batches (one optimizer step each, ``ppo_epochs`` passes); each mini-batch
 is packed into padding-free micro-batches by token budget, one role at a time so each role's share of
 the gradient can be measured (the signal that one role dominates a shared policy). Policies map to
-models: every policy on one shared model, or a model per policy.
+models: every policy on one shared model, or a model per policy. Given a ``Shard``, the trainer is one
+rank of a data-parallel group (``workbench.rl.data_parallel``) and trains on its share of each mini-batch.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+from workbench.rl.data_parallel import Shard
 from workbench.rl.loss import LossConfig, LossTerms, policy_loss
 from workbench.rl.packing import collate, plan_micro_batches, token_logprobs, use_block_attention
 from workbench.rl.samples import Sample
@@ -41,6 +43,10 @@ class OptimConfig:
     loss: LossConfig = field(default_factory=LossConfig)
 
 
+# the step totals each rank adds up over its share (the gradient norm is the same on every rank)
+_SUMMED = ("loss", "tokens", "clipped_low", "clipped_high", "kl", "entropy", "ratio", "mastered")
+
+
 class PolicyTrainer:
     """Optimizes the policies' models on samples; ``models`` maps policy name -> model (may repeat)."""
 
@@ -50,8 +56,10 @@ class PolicyTrainer:
         config: OptimConfig,
         ref_model: Any = None,
         activate: Any = None,
+        shard: Shard | None = None,
     ):
         self.models = models
+        self.shard = shard or Shard()  # this trainer's rank in a data-parallel group
         # switches a policy's adapter on before its forward pass (LoRA policies); default: look it up
         self.activate = activate or models.__getitem__
         self.config = config
@@ -77,28 +85,37 @@ class PolicyTrainer:
     # ------------------------------------------------------------------ public
 
     def step(self, samples: Sequence[Sample], step_index: int = 0) -> dict[str, Any]:
-        """Train on ``samples`` (those with a trained token); returns the step's metrics."""
+        """Train on ``samples`` (those with a trained token); returns the step's metrics.
+
+        In a data-parallel group every rank is given the same samples and trains on its share.
+        """
         cfg = self.config
         trained = [s for s in samples if s.n_trained > 0]
         metrics: dict[str, Any] = {"samples": len(trained), "optimizer_steps": 0}
         if not trained:
             return metrics
-        started = time.perf_counter()
-        old = self._old_logprobs(trained) if self._needs_old(trained) else None
-        ref = self._ref_logprobs(trained) if cfg.loss.kl_coef else None
-        metrics["time/old_logprobs_s"] = time.perf_counter() - started
-        started = time.perf_counter()
         rng = random.Random(f"{cfg.seed}-{step_index}")
-        totals: dict[str, float] = defaultdict(float)
-        role_sq: dict[str, float] = defaultdict(float)
+        batches = []
         for _epoch in range(cfg.ppo_epochs):
             order = list(range(len(trained)))
             rng.shuffle(order)
             size = cfg.mini_batch_size or len(order)
-            for start in range(0, len(order), size):
-                chosen = order[start : start + size]
-                self._update([trained[i] for i in chosen], chosen, old, ref, totals, role_sq)
-                metrics["optimizer_steps"] += 1
+            batches += [order[start : start + size] for start in range(0, len(order), size)]
+        mine = sorted({i for chosen in batches for i in self.shard.mine(chosen)})
+        started = time.perf_counter()
+        old = self._old_logprobs(trained, mine) if self._needs_old(trained) else None
+        ref = self._ref_logprobs(trained, mine) if cfg.loss.kl_coef else None
+        metrics["time/old_logprobs_s"] = time.perf_counter() - started
+        started = time.perf_counter()
+        totals: dict[str, float] = dict.fromkeys(_SUMMED, 0.0)
+        totals["grad_norm"] = 0.0
+        role_sq: dict[str, float] = defaultdict(float)
+        for chosen in batches:
+            self._update(trained, chosen, old, ref, totals, role_sq)
+            metrics["optimizer_steps"] += 1
+        summed = torch.tensor([totals[k] for k in _SUMMED], dtype=torch.float64)
+        self.shard.sum_([summed])
+        totals.update(zip(_SUMMED, summed.tolist(), strict=True))
         metrics["time/update_s"] = time.perf_counter() - started
         tokens = max(totals["tokens"], 1.0)
         metrics.update(
@@ -123,6 +140,9 @@ class PolicyTrainer:
         }
         return metrics
 
+    def close(self) -> None:
+        """Nothing to release in one process (a ``TrainerGroup`` stops its ranks)."""
+
     # ------------------------------------------------------------------ internals
 
     def _needs_old(self, samples: Sequence[Sample]) -> bool:
@@ -134,31 +154,32 @@ class PolicyTrainer:
         return several_updates or cfg.loss.engine_ratio_cap is not None or cfg.loss.mastered_prob is not None
 
     @torch.no_grad()
-    def _old_logprobs(self, samples: Sequence[Sample]) -> list[torch.Tensor]:
-        return self._score(samples, lambda s: self.activate(s.policy))
+    def _old_logprobs(self, samples: Sequence[Sample], indices: list[int]) -> list[torch.Tensor]:
+        return self._score(samples, indices, lambda s: self.activate(s.policy))
 
     @torch.no_grad()
-    def _ref_logprobs(self, samples: Sequence[Sample]) -> list[torch.Tensor]:
+    def _ref_logprobs(self, samples: Sequence[Sample], indices: list[int]) -> list[torch.Tensor]:
         if self.ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model; pass ref_model to PolicyTrainer")
-        return self._score(samples, lambda s: self.ref_model)
+        return self._score(samples, indices, lambda s: self.ref_model)
 
-    def _score(self, samples: Sequence[Sample], model_of: Any) -> list[torch.Tensor]:
+    def _score(self, samples: Sequence[Sample], indices: list[int], model_of: Any) -> list[torch.Tensor]:
+        """Per-token log-probs of ``samples[i] for i in indices`` (the other entries are left empty)."""
         out: list[torch.Tensor] = [torch.empty(0)] * len(samples)
-        for indices in self._plan(samples):
-            batch = collate(samples, indices)
-            model = model_of(samples[indices[0]])
+        for micro in self._plan(samples, indices):
+            batch = collate(samples, micro)
+            model = model_of(samples[micro[0]])
             model.eval()
             logps, _ = token_logprobs(model, batch, self.config.temperature)
-            for j, i in enumerate(indices):
+            for j, i in enumerate(micro):
                 out[i] = logps[batch.sample_index == j].detach()
         return out
 
-    def _plan(self, samples: Sequence[Sample]) -> list[list[int]]:
-        """Micro-batches that never mix roles (or policies), so per-role gradients can be measured."""
+    def _plan(self, samples: Sequence[Sample], indices: list[int]) -> list[list[int]]:
+        """Micro-batches of ``indices`` that never mix roles (or policies), so per-role gradients can be measured."""
         by_role: dict[tuple[str, str], list[int]] = defaultdict(list)
-        for i, s in enumerate(samples):
-            by_role[(s.role, s.policy)].append(i)
+        for i in indices:
+            by_role[(samples[i].role, samples[i].policy)].append(i)
         plan = []
         for members in by_role.values():
             for micro in plan_micro_batches([samples[i] for i in members], self.config.token_budget):
@@ -167,43 +188,64 @@ class PolicyTrainer:
 
     def _update(
         self,
-        samples: list[Sample],
-        indices: list[int],
+        trained: list[Sample],
+        chosen: list[int],
         old: list[torch.Tensor] | None,
         ref: list[torch.Tensor] | None,
         totals: dict[str, float],
         role_sq: dict[str, float],
     ) -> None:
+        """One optimizer step on the mini-batch ``chosen`` (indices into ``trained``), on this rank's share.
+
+        Gradients are gathered one role at a time (in the order roles first appear in the mini-batch, the
+        same on every rank) and summed over the ranks, so each role's share of the gradient is measured on
+        the whole mini-batch's gradient.
+        """
         cfg = self.config
+        everyone = [trained[i] for i in chosen]
         agg = cfg.loss.aggregation
-        denominator = float(sum(s.n_trained for s in samples)) if agg == "token_mean" else float(len(samples))
+        denominator = (
+            float(sum(s.n_trained for s in everyone)) if agg == "token_mean" else float(len(everyone))
+        )
+        roles = list(dict.fromkeys(s.role for s in everyone))
+        measure = cfg.measure_role_gradients and len(roles) > 1
+        mine = self.shard.mine(chosen)
         self.optimizer.zero_grad(set_to_none=True)
-        measure = cfg.measure_role_gradients and len({s.role for s in samples}) > 1
-        previous = [None] * len(self.parameters) if measure else None
-        plan = self._plan(samples)
-        roles_in_order = [samples[m[0]].role for m in plan]
-        for k, micro in enumerate(plan):
-            batch = collate(samples, micro)
-            model = self.activate(samples[micro[0]].policy)
-            model.train()
-            logps, entropy = token_logprobs(model, batch, cfg.temperature, with_entropy=True)
-            terms = self._terms(samples, indices, micro, batch, logps, entropy, old, ref, denominator)
-            terms.loss.backward()
-            totals["loss"] += float(terms.loss.detach())
-            totals["tokens"] += terms.tokens
-            totals["clipped_low"] += terms.clipped_low
-            totals["clipped_high"] += terms.clipped_high
-            totals["kl"] += terms.kl_sum
-            totals["entropy"] += terms.entropy_sum
-            totals["ratio"] += terms.ratio_sum
-            totals["mastered"] += terms.masked_mastered
-            last_of_role = k + 1 == len(plan) or roles_in_order[k + 1] != roles_in_order[k]
-            if measure and last_of_role:
-                role_sq[roles_in_order[k]] += self._grad_delta_sq(previous)
-        if not measure and plan:
-            role_sq[samples[plan[0][0]].role] += sum(
-                float(p.grad.pow(2).sum()) for p in self.parameters if p.grad is not None
-            )
+        gathered = [torch.zeros_like(p) for p in self.parameters]
+        touched = torch.zeros(len(self.parameters), dtype=torch.float64)
+        for role in roles if measure else [None]:
+            for micro in self._plan(trained, [i for i in mine if role is None or trained[i].role == role]):
+                batch = collate(trained, micro)
+                model = self.activate(trained[micro[0]].policy)
+                model.train()
+                logps, entropy = token_logprobs(model, batch, cfg.temperature, with_entropy=True)
+                terms = self._terms(trained, micro, batch, logps, entropy, old, ref, denominator)
+                terms.loss.backward()
+                totals["loss"] += float(terms.loss.detach())
+                totals["tokens"] += terms.tokens
+                totals["clipped_low"] += terms.clipped_low
+                totals["clipped_high"] += terms.clipped_high
+                totals["kl"] += terms.kl_sum
+                totals["entropy"] += terms.entropy_sum
+                totals["ratio"] += terms.ratio_sum
+                totals["mastered"] += terms.masked_mastered
+            # this role's gradient (since the last role), summed over the ranks
+            part = []
+            for k, p in enumerate(self.parameters):
+                if p.grad is None:
+                    part.append(torch.zeros_like(p))
+                    continue
+                touched[k] = 1.0
+                part.append(p.grad.detach().clone())
+                p.grad = None
+            self.shard.sum_(part)
+            for total, piece in zip(gathered, part, strict=True):
+                total.add_(piece)
+            if roles:
+                role_sq[role if measure else roles[0]] += sum(float(g.pow(2).sum()) for g in part)
+        self.shard.sum_([touched])
+        for k, p in enumerate(self.parameters):  # AdamW leaves a parameter with no gradient alone
+            p.grad = gathered[k] if touched[k] > 0 else None
         limit = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
         norm = torch.nn.utils.clip_grad_norm_(self.parameters, limit)
         totals["grad_norm"] += float(norm)
@@ -214,7 +256,6 @@ class PolicyTrainer:
     def _terms(
         self,
         samples: list[Sample],
-        indices: list[int],
         micro: list[int],
         batch: Any,
         logps: torch.Tensor,
@@ -233,10 +274,10 @@ class PolicyTrainer:
         if self.config.loss.old_from_engine:
             old_logps = engine
         elif old is not None:
-            old_logps = torch.cat([old[indices[i]] for i in micro])
+            old_logps = torch.cat([old[i] for i in micro])
         else:
             old_logps = logps.detach()
-        ref_logps = torch.cat([ref[indices[i]] for i in micro]) if ref is not None else None
+        ref_logps = torch.cat([ref[i] for i in micro]) if ref is not None else None
         return policy_loss(
             logps,
             old_logps,
@@ -250,15 +291,3 @@ class PolicyTrainer:
             engine_logps=engine,
             entropy=entropy,
         )
-
-    def _grad_delta_sq(self, previous: list[Any]) -> float:
-        """Squared norm of the gradient added since the last call (one role's contribution)."""
-        total = 0.0
-        for i, p in enumerate(self.parameters):
-            if p.grad is None:
-                continue
-            before = previous[i]
-            delta = p.grad if before is None else p.grad - before
-            total += float(delta.pow(2).sum())
-            previous[i] = p.grad.detach().clone()
-        return total

@@ -1,0 +1,62 @@
+"""Data-parallel training: a trainer's rank in a group, and the sums that keep the group in step.
+
+Every rank holds the same weights and optimizer state, sees the whole step's samples and draws the same
+mini-batches. It runs forward and backward on its share of each mini-batch (every ``size``-th sample)
+and the gradients are summed across the ranks (``torch.distributed``) before clipping and the optimizer
+step, so each rank applies the update one process would apply to the whole mini-batch. A lone trainer
+is rank 0 of 1, where the sums do nothing.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Shard:
+    rank: int = 0
+    size: int = 1
+
+    def mine(self, items: Sequence[T]) -> list[T]:
+        """This rank's share of ``items``: every ``size``-th one, starting at ``rank``."""
+        return list(items[self.rank :: self.size])
+
+    def sum_(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Replace each tensor by its sum over the ranks, in place (one collective per dtype)."""
+        if self.size == 1 or not tensors:
+            return
+        import torch.distributed as dist
+
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = defaultdict(list)
+        for tensor in tensors:
+            by_dtype[tensor.dtype].append(tensor)
+        for group in by_dtype.values():
+            flat = torch.cat([t.detach().reshape(-1) for t in group])
+            dist.all_reduce(flat)
+            offset = 0
+            for tensor in group:
+                tensor.copy_(flat[offset : offset + tensor.numel()].view_as(tensor))
+                offset += tensor.numel()
+
+
+def join(address: str, rank: int, size: int, timeout_s: float = 600.0) -> Shard:
+    """Join the group whose rank 0 listens at ``address`` (host:port), over gloo (the trainer runs on CPUs)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{address}",
+        rank=rank,
+        world_size=size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    return Shard(rank, size)
