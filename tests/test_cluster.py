@@ -295,3 +295,24 @@ def test_a_killed_trainer_rank_fails_the_step_clearly_and_the_run_resumes(ray_cl
     assert reader.steps()["step"].tolist() == [0]
     assert run_training(cfg, run_dir, log=lambda _: None) == "finished"
     assert_each_step_stores_every_episode_once(run_dir, 3, 4 * 4)
+
+
+@pytest.mark.slow
+def test_a_rollout_worker_owns_a_vllm_engine_that_serves_each_steps_adapters(ray_cluster, tmp_path):
+    cfg = config(
+        tmp_path,
+        cluster="local",
+        cluster_workers=1,
+        backend="vllm",
+        policies="lora",
+        steps=2,
+        batch_size=2,
+        group_size=2,
+        max_tokens=6,
+        learning_rate=1e-3,
+    )
+    run_dir = create(cfg)
+    assert run_training(cfg, run_dir, log=lambda _: None) == "finished"
+    assert_each_step_stores_every_episode_once(run_dir, 2, 2 * 2)
+    calls = wb.RunReader(run_dir).calls(columns=["step", "policy_version"])
+    assert calls.groupby("step")["policy_version"].unique().map(list).to_dict() == {0: [0], 1: [1]}
