@@ -61,7 +61,7 @@ class BackgroundRun:
         """Block until the run ends (or ``timeout`` s pass); raises if it failed, with its error.
 
         Also raises when the process ended without recording an end (killed, or its run directory could
-        not be written): the store then still says ``running``.
+        not be written): the store then still says ``running`` and readers say ``interrupted``.
         """
         if self.process is not None:
             self.process.join(timeout)
@@ -73,10 +73,13 @@ class BackgroundRun:
         if status == "failed":
             raise RuntimeError(f"run {self.run_dir} failed: {self.error() or 'see ' + LOG_FILE}")
         code = None if self.process is None else self.process.exitcode
-        if status in ACTIVE and code is not None:
-            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        if status == "interrupted" or (status in ACTIVE and code is not None):
+            if code is None:
+                how = "ended"
+            else:
+                how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
             raise RuntimeError(
-                f"the process of run {self.run_dir} {how} while the run was {status}, without recording why "
+                f"the process of run {self.run_dir} {how} before recording the run's end "
                 f"(see {self.run_dir / LOG_FILE}; on a full or read-only disk the error could not be stored "
                 "either); what it stored is kept, and a training run resumes with wb.resume(run_dir)"
             )

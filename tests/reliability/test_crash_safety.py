@@ -324,7 +324,7 @@ def test_a_rollout_killed_at_random_points_leaves_an_intact_store_of_whole_episo
         if killed:
             os.kill(run.process.pid, signal.SIGKILL)
         run.process.join(60)
-        if killed and run.status in ("created", "running"):
+        if killed and run.status in ("created", "running", "interrupted"):
             with pytest.raises(RuntimeError, match="killed by signal 9"):
                 run.wait()  # the handle says the process died; it does not report the run as going on
         stored = _whole_episodes(run.run_dir, n_episodes)
@@ -334,3 +334,49 @@ def test_a_rollout_killed_at_random_points_leaves_an_intact_store_of_whole_episo
             "not killed (done)" if not killed else "killed, all stored" if stored else "killed, none stored"
         ] += 1
     print(f"rollout kills: {dict(outcomes)}; reference rollout {rollout_s:.2f} s")
+
+
+WRITER = """
+import sys, time
+from workbench.store import RunStore
+store = RunStore.open(sys.argv[1])
+store.set_status("running")
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_run_whose_writer_was_killed_reads_as_interrupted_until_a_writer_reopens_it(tmp_path):
+    from workbench.store import RunReader
+    from workbench.store.liveness import identity, writer_gone
+
+    store = RunStore.create(tmp_path, config={"kind": "test"})
+    run_dir = store.run_dir
+    store.close()
+    assert RunReader(run_dir).info()["status"] == "created"  # its creator (this process) is alive
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "ready"
+        assert RunReader(run_dir).info()["status"] == "running"
+        assert RunReader(run_dir).writer()["pid"] == writer.pid
+        writer.kill()
+        deadline = time.monotonic() + 30  # SIGKILL takes effect soon, not at once
+        while RunReader(run_dir).info()["status"] == "running" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert RunReader(run_dir).info()["status"] == "interrupted"  # a zombie until reaped: gone
+        writer.wait()
+        assert RunReader(run_dir).info()["status"] == "interrupted"
+        assert (wb.list_runs(tmp_path).set_index("id").loc[run_dir.name, "status"]) == "interrupted"
+    finally:
+        writer.kill()
+        writer.wait()
+    reopened = RunStore.open(run_dir)  # a resumed run: its writer is this process
+    try:
+        assert RunReader(run_dir).info()["status"] == "running"
+    finally:
+        reopened.close()
+    me = identity()
+    assert not writer_gone(me)
+    assert writer_gone({**me, "pid_started": me["pid_started"] + 1}), "the pid now names another process"
+    assert not writer_gone({**me, "host": "another-host", "pid": writer.pid}), "another host: not checked"
+    assert not writer_gone(None) and not writer_gone({"discarded_steps": []}), "a store older than liveness"

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from .codec import FLOAT_DTYPE, IDS_DTYPE, MASK_DTYPE, ArrayFormat, decode_array, loads
 from .errors import InvalidRecordError, NotARunStoreError, RunsDirError, StoreError
 from .layout import DB_NAME, connect, existing_run, sqlite_errors
+from .liveness import writer_gone
 from .schema import check_readable, read_version
 
 if TYPE_CHECKING:
@@ -163,15 +164,28 @@ class RunReader:
 
     # ------------------------------------------------------------------ the run
     def info(self) -> dict[str, Any]:
-        """The run's row (id, name, created_at, status, config, topology) plus where it lives."""
+        """The run's row (id, name, created_at, status, config, topology) plus where it lives.
+
+        A run still ``created`` or ``running`` whose writer is known to have ended (killed, so it could
+        not record its end; see ``liveness.py``) has the status ``interrupted``: resume it or leave it.
+        """
         columns, rows = self._query("SELECT id, name, created_at, status, config, topology FROM runs")
         info = dict(zip(columns, rows[0], strict=True))
         info["config"] = loads(info["config"])
+        if info["status"] in ("created", "running") and writer_gone(self.writer()):
+            info["status"] = "interrupted"
         _, version = self._query("SELECT value FROM meta WHERE key = 'schema_version'")
         info.update(
             schema_version=int(version[0][0]), run_dir=str(self._paths.run_dir), db_path=str(self._paths.db)
         )
         return info
+
+    def writer(self) -> dict[str, Any] | None:
+        """The identity (host, pid, start time) of the last process that opened the run for writing."""
+        _, rows = self._query(
+            "SELECT payload FROM events WHERE kind IN ('run_created', 'writer_opened') ORDER BY id DESC LIMIT 1"
+        )
+        return loads(rows[0][0]) if rows else None
 
     @property
     def config(self) -> dict[str, Any]:

@@ -8,8 +8,9 @@ mid-step - is discarded, so readers and a resumed writer only ever see whole ste
 `log_event` and `set_status` commit at once (which also commits rows pending in an open step; the
 step itself stays `running` until its block ends).
 
-Events the store logs itself: `run_created`, `writer_opened`, `status`, `step_aborted` (a step's
-block raised) and `partial_step_discarded` (found running when the writer reopened the run).
+Events the store logs itself: `run_created`, `writer_opened` (both with the writer's host, pid and start
+time, see `liveness.py`), `status`, `step_aborted` (a step's block raised) and `partial_step_discarded`
+(found running when the writer reopened the run).
 Durability: `synchronous="NORMAL"` (default) keeps every committed step through a killed process;
 `"FULL"` also through power loss, at the cost of an fsync per commit.
 """
@@ -39,6 +40,7 @@ from .errors import (
     WriterLockedError,
 )
 from .layout import RunPaths, cause, check_run_id, connect, existing_run, new_run_id, sqlite_errors
+from .liveness import identity
 from .step import StepWriter
 
 if TYPE_CHECKING:
@@ -159,7 +161,7 @@ class RunStore:
                 )
                 conn.execute(
                     "INSERT INTO events (ts, step, kind, payload) VALUES (?, NULL, 'run_created', ?)",
-                    (now, dumps({"schema_version": schema.latest_version()}, "payload")),
+                    (now, dumps({"schema_version": schema.latest_version(), **identity()}, "payload")),
                 )
                 conn.execute("COMMIT")
             return cls(paths, conn, lock)
@@ -237,7 +239,7 @@ class RunStore:
                     "partial_step_discarded", {"reason": "writer stopped mid-step", **counts}, index
                 )
                 self._conn.execute("COMMIT")
-            self._insert_event("writer_opened", {"discarded_steps": partial}, None, commit=True)
+            self._insert_event("writer_opened", {"discarded_steps": partial, **identity()}, None, commit=True)
         return partial
 
     # ------------------------------------------------------------------ properties
