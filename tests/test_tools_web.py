@@ -162,9 +162,7 @@ def test_http_failures_are_tool_errors_that_do_not_quote_the_key(tmp_path, monke
         "serpapi", mode="record", cache_dir=tmp_path, transport=httpx.MockTransport(FakeSearchService(401))
     )
     result = call(refused, {"q": "x"})
-    assert (
-        not result.ok and result.error == "web_search: serpapi answered HTTP 401; check the key and the quota"
-    )
+    assert not result.ok and result.error == "web_search: serpapi answered HTTP 401: check the key"
 
     def unreachable(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError(f"cannot connect to {request.url}", request=request)  # the URL holds the key

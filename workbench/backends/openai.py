@@ -12,7 +12,9 @@ The first request form a server accepts is remembered. A plain server does not g
 Requests run on the backend's own event loop with one ``httpx.AsyncClient`` (at most
 ``max_concurrency`` in flight), so ``generate`` can be awaited from any loop. The API key comes from
 ``api_key`` (the key, or a file holding it) or ``$OPENAI_API_KEY``; it is sent as a bearer token and
-never appears in messages or ``repr``.
+never appears in messages or ``repr``: a server's error text that echoes it is redacted, it is redacted
+from the HTTP client's log records, and a ``base_url`` carrying credentials or a query string (where
+keys hide) is refused.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from workbench.api_keys import guard_http_logs, redact
 from workbench.backends.base import BackendError, Generation, GenerationRequest
 from workbench.backends.loop_thread import LoopThread
 
@@ -70,6 +73,9 @@ class OpenAIBackend:
         self.mode = MODES[0]
         key = _read_api_key(api_key)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
+        if key:
+            guard_http_logs(key)
+        self._scrub = _scrubber(key)
 
         async def start() -> tuple[Any, asyncio.Semaphore]:
             limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
@@ -157,14 +163,16 @@ class OpenAIBackend:
                 ) from error
             except httpx.HTTPError as error:
                 raise BackendError(
-                    f"cannot reach {self.url} ({type(error).__name__}: {error}): is the server running?"
+                    self._scrub(
+                        f"cannot reach {self.url} ({type(error).__name__}: {error}): is the server running?"
+                    )
                 ) from error
         if response.status_code in (400, 422):
             raise _Refused(
-                f"{self.url} refused the request (HTTP {response.status_code}): {_message(response)}"
+                f"{self.url} refused the request (HTTP {response.status_code}): {self._message(response)}"
             )
         if response.status_code >= 400:
-            raise BackendError(f"{self.url} answered HTTP {response.status_code}: {_message(response)}")
+            raise BackendError(f"{self.url} answered HTTP {response.status_code}: {self._message(response)}")
         try:
             return response.json()
         except ValueError as error:
@@ -219,12 +227,18 @@ class OpenAIBackend:
             try:
                 response = await self._client.get(url)
             except httpx.HTTPError as error:
-                raise BackendError(f"cannot reach {url} ({type(error).__name__}: {error})") from error
+                raise BackendError(
+                    self._scrub(f"cannot reach {url} ({type(error).__name__}: {error})")
+                ) from error
             if response.status_code >= 400:
-                raise BackendError(f"{url} answered HTTP {response.status_code}: {_message(response)}")
+                raise BackendError(f"{url} answered HTTP {response.status_code}: {self._message(response)}")
             return [m.get("id") for m in response.json().get("data", [])]
 
         return self._loop.run(fetch())
+
+    def _message(self, response: Any) -> str:
+        """The server's error message on one short line, any echo of the key redacted."""
+        return self._scrub(_message(response))
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -249,10 +263,30 @@ def _stop(loop: LoopThread, client: Any) -> None:
 
 def _api_root(base_url: str) -> str:
     """``http://host:port`` or ``http://host:port/v1`` -> ``http://host:port/v1``."""
+    from urllib.parse import urlsplit
+
+    from workbench.api_keys import url_hides_secrets
+
     url = base_url.rstrip("/")
+    parts = urlsplit(url)
+    if url_hides_secrets(url):  # the message must not quote it
+        raise BackendError(
+            f"base_url for {parts.hostname or 'the server'} carries credentials, a query or a fragment; give "
+            "scheme://host:port[/path] and the key in $OPENAI_API_KEY or api_key=<key file>"
+        )
     if not url.startswith(("http://", "https://")):
-        raise BackendError(f"base_url {base_url!r} must start with http:// or https://")
+        shown = repr(base_url) if "@" not in url and "?" not in url else "(not quoted: it may hold a key)"
+        raise BackendError(f"base_url {shown} must start with http:// or https://")
     return url if url.endswith("/v1") else f"{url}/v1"
+
+
+def _scrubber(key: str | None) -> Any:
+    """A function redacting ``key`` from text (a closure, so that no attribute or repr shows the key)."""
+
+    def scrub(text: str) -> str:
+        return redact(text, key) if key else text
+
+    return scrub
 
 
 def _read_api_key(api_key: str | Path | None) -> str | None:

@@ -600,14 +600,7 @@ class Rollout:
 
         tool = await asyncio.to_thread(self._tool, call.name, variables.get("task"))
         result = await run_tool(tool, call.arguments, timeout=spec.timeout)
-        info = {
-            "name": call.name,
-            "ok": result.ok,
-            "error": result.error,
-            "seconds": result.seconds,
-            "truncated": result.truncated,
-            "results": len(result.content) if isinstance(result.content, list) else int(bool(result.content)),
-        }
+        info = {"name": call.name, **result.summary()}  # with timed_out, exit_code, killed when set
         if not result.ok:
             return f"Error: {result.error}", info
         if spec.route is not None:

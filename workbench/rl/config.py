@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from workbench.api_keys import url_hides_secrets
 from workbench.rl.loss import LossConfig
 from workbench.rl.trainer import OptimConfig
 
@@ -161,6 +162,11 @@ class TrainConfig:
             problems.append(f"backend must be hf or vllm, got {self.backend!r}")
         if not self.learning_rate > 0:
             problems.append(f"learning_rate must be > 0, got {self.learning_rate!r}")
+        if self.judge_backend.startswith(("http://", "https://")) and url_hides_secrets(self.judge_backend):
+            problems.append(  # not quoted: it may hold a key, and this config is stored with the run
+                "judge_backend carries credentials, a query or a fragment; give scheme://host:port[/path] and "
+                "the key in $OPENAI_API_KEY"
+            )
         if self.cluster is not None and self.scheduler != "sync":
             problems.append(f"cluster runs use the sync scheduler, got scheduler {self.scheduler!r}")
         if not isinstance(self.cluster_workers, int) or self.cluster_workers < 1:

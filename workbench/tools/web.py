@@ -11,13 +11,16 @@ backend's options such as ``gl``, ``hl``, ``num``); the normalised request is al
 
 The API key comes only from an environment variable (``SERPER_API_KEY`` / ``SERPAPI_API_KEY`` unless
 ``api_key_env`` names another) or a file (``api_key_file``); it is read when a call needs it, is never
-part of a cache key, is scrubbed from anything written to the cache, and never appears in errors (an
-HTTP error is reported by status code, not by the request URL that SerpAPI puts the key in).
+part of a cache key, is scrubbed (as is and URL-encoded) from anything written to the cache or returned,
+never appears in errors (an HTTP error is reported by status code, not by the request URL that SerpAPI
+puts the key in, nor by the body, which may echo it), and is redacted from the HTTP client's log records
+(httpx logs each request URL at INFO). ``base_url`` sends the requests to another host (a proxy, or a
+local server standing in for the API in tests); the path of the API stays.
 
 Results come back as ``{"query", "rank", "title", "url", "snippet"}`` records, like local BM25 search;
 urls containing a ``blocklist`` substring (MATPO blocks ``huggingface.co/datasets``) are dropped.
 The live HTTP requests are the two small functions ``_serper`` and ``_serpapi``; no test here reaches
-the network, so they are exercised against an ``httpx.MockTransport``.
+the network, so they are exercised against an ``httpx.MockTransport`` and a local HTTP server.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+from workbench.api_keys import MissingKeyError, guard_http_logs, read_key, redact, url_hides_secrets
 from workbench.tools.base import Tool, ToolError, ToolOptionError, ToolResult
 from workbench.tools.search import SEARCH_PARAMETERS, queries_of
 
@@ -75,46 +80,63 @@ def cache_key(backend: str, request: Mapping[str, Any]) -> str:
 
 
 def _scrub(value: Any, secret: str) -> Any:
-    """``value`` with every occurrence of ``secret`` in its strings replaced by ``<redacted>``."""
-    if not secret:
-        return value
-    if isinstance(value, str):
-        return value.replace(secret, "<redacted>")
-    if isinstance(value, list):
-        return [_scrub(v, secret) for v in value]
-    if isinstance(value, dict):
-        return {_scrub(k, secret): _scrub(v, secret) for k, v in value.items()}
-    return value
+    """``value`` with every occurrence of ``secret`` (as is or URL-encoded) in its strings replaced by
+    ``<redacted>``."""
+    return redact(value, secret) if secret else value
+
+
+def endpoint(backend: str, base_url: str | None = None) -> str:
+    """The backend's search URL, on ``base_url``'s scheme, host and path prefix when one is given."""
+    default = BACKENDS[backend]["url"]
+    if base_url is None:
+        return default
+    if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+        raise ToolOptionError(
+            "web_search base_url must start with http:// or https://"
+        )  # unquoted: keys hide
+    if url_hides_secrets(base_url):
+        raise ToolOptionError(
+            "web_search base_url must not carry credentials, a query or a fragment (the API key comes only "
+            f"from ${BACKENDS[backend]['env']} or api_key_file)"
+        )
+    return base_url.rstrip("/") + urlsplit(default).path
 
 
 # ---------------------------------------------------------------- live requests (need a key and network)
 
 
-async def _serper(client: Any, request: Mapping[str, Any], key: str) -> dict[str, Any]:
+async def _serper(client: Any, url: str, request: Mapping[str, Any], key: str) -> dict[str, Any]:
     response = await client.post(
-        BACKENDS["serper"]["url"],
+        url,
         json=dict(request),
         headers={"X-API-KEY": key, "Content-Type": "application/json"},
     )
     return _json(response, "serper")
 
 
-async def _serpapi(client: Any, request: Mapping[str, Any], key: str) -> dict[str, Any]:
-    response = await client.get(
-        BACKENDS["serpapi"]["url"], params={"engine": "google", **request, "api_key": key}
-    )
+async def _serpapi(client: Any, url: str, request: Mapping[str, Any], key: str) -> dict[str, Any]:
+    response = await client.get(url, params={"engine": "google", **request, "api_key": key})
     return _json(response, "serpapi")
 
 
 def _json(response: Any, backend: str) -> dict[str, Any]:
-    if response.status_code != 200:  # the message must not quote the URL: SerpAPI's carries the key
-        raise WebSearchError(f"{backend} answered HTTP {response.status_code}; check the key and the quota")
+    status = response.status_code
+    if status != 200:  # neither the URL (SerpAPI's carries the key) nor the body (it may echo it) is quoted
+        hint = {401: "check the key", 403: "check the key", 429: "over the quota or rate limit"}.get(
+            status, "the service failed; try again later" if status >= 500 else "check the request"
+        )
+        raise WebSearchError(f"{backend} answered HTTP {status}: {hint}")
     try:
         data = response.json()
     except ValueError:
         raise WebSearchError(f"{backend} answered something that is not JSON") from None
     if not isinstance(data, dict):
         raise WebSearchError(f"{backend} answered JSON that is not an object")
+    results = data.get(BACKENDS[backend]["results"])
+    if results is not None and not isinstance(results, list):  # not cached: replay would repeat it
+        raise WebSearchError(
+            f"{backend} answered {BACKENDS[backend]['results']!r} as a {type(results).__name__}, not a list"
+        )
     return data
 
 
@@ -128,7 +150,8 @@ class WebSearchTool(Tool):
 
     Options: ``backend`` (``serper`` or ``serpapi``), ``mode`` (``replay``, ``record``, ``auto``),
     ``cache_dir``, ``api_key_env``, ``api_key_file``, ``top_k`` results per query, ``blocklist`` (url
-    substrings to drop), ``gl``/``hl`` defaults, ``timeout`` (seconds per HTTP request).
+    substrings to drop), ``gl``/``hl`` defaults, ``timeout`` (seconds per HTTP request), ``base_url``
+    (another host for the API's requests: a proxy, or a local stand-in).
     """
 
     description = "Search the web; returns titles, urls and snippets for each query."
@@ -155,6 +178,7 @@ class WebSearchTool(Tool):
         hl: str | None = None,
         timeout: float = 20.0,
         name: str = "web_search",
+        base_url: str | None = None,
         transport: Any = None,
     ):
         if backend not in BACKENDS:
@@ -173,10 +197,13 @@ class WebSearchTool(Tool):
         self.blocklist = (blocklist,) if isinstance(blocklist, str) else tuple(blocklist)
         self.defaults = {"gl": gl, "hl": hl}
         self.timeout = timeout
+        self.base_url = base_url
+        self.url = endpoint(backend, base_url)
         self._transport = transport  # tests pass an httpx.MockTransport; None means the real network
 
-    def __repr__(self) -> str:  # never shows the key
-        return f"WebSearchTool(backend={self.backend!r}, mode={self.mode!r}, cache_dir='{self.cache_dir}')"
+    def __repr__(self) -> str:  # never shows the key (base_url cannot hold one)
+        where = f", base_url={self.base_url!r}" if self.base_url is not None else ""
+        return f"WebSearchTool(backend={self.backend!r}, mode={self.mode!r}{where}, cache_dir='{self.cache_dir}')"
 
     # ------------------------------------------------------------------ cache
 
@@ -218,15 +245,16 @@ class WebSearchTool(Tool):
     # ------------------------------------------------------------------ calls
 
     def _api_key(self) -> str:
-        key = os.environ.get(self.api_key_env, "").strip()
-        if not key and self.api_key_file is not None:
-            try:
-                key = self.api_key_file.read_text(encoding="utf-8").strip()
-            except OSError:
-                raise WebSearchError(f"cannot read the API key file {self.api_key_file}") from None
-        if not key:
+        try:
+            key = read_key(self.api_key_env, self.api_key_file)
+        except MissingKeyError:
             where = f"${self.api_key_env}" + (f" or {self.api_key_file}" if self.api_key_file else "")
-            raise WebSearchError(f"{self.backend} needs an API key in {where} to search (mode {self.mode!r})")
+            raise WebSearchError(
+                f"{self.backend} needs an API key in {where} to search (mode {self.mode!r})"
+            ) from None
+        except OSError:
+            raise WebSearchError(f"cannot read the API key file {self.api_key_file}") from None
+        guard_http_logs(key)
         return key
 
     async def _fetch(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -237,8 +265,10 @@ class WebSearchTool(Tool):
             out = []
             for request in requests:
                 try:
-                    out.append(await _FETCH[self.backend](client, request, key))
-                except httpx.HTTPError as error:  # str(error) may quote the URL, and so the key
+                    out.append(await _FETCH[self.backend](client, self.url, request, key))
+                except WebSearchError:
+                    raise
+                except Exception as error:  # noqa: BLE001 - str(error) may quote the URL, and so the key
                     raise WebSearchError(f"{self.backend} request failed ({type(error).__name__})") from None
         for request, response in zip(requests, out, strict=True):
             self.store(request, response, secret=key)
