@@ -91,6 +91,28 @@ def test_an_exception_inside_one_episode_is_recorded_and_the_others_finish(tiny_
     assert "backend went away" in broken.error
 
 
+class Unprintable(RuntimeError):
+    def __str__(self) -> str:
+        raise ValueError("no message for you")
+
+
+def test_an_exception_whose_message_cannot_be_read_is_still_recorded(tiny_backend):
+    topology = wb.load_topology("marsrl")
+    tasks = wb.generate_tasks("arithmetic", n=2, seed=2, level=1)
+    engine = Rollout(topology, tiny_backend, max_tokens=4)
+    original = engine._call
+
+    async def hostile(*args, **kwargs):
+        if args[0] == "verify1":
+            raise Unprintable()
+        return await original(*args, **kwargs)
+
+    engine._call = hostile
+    episodes = asyncio.run(engine.run(tasks))
+    assert [e.status for e in episodes] == ["error", "error"]
+    assert all(e.error == "Unprintable: (its message could not be read)" for e in episodes)
+
+
 def test_cancelling_ends_episodes_as_cancelled_and_keeps_what_finished(tiny_backend):
     topology = wb.load_topology("marsrl")
     tasks = wb.generate_tasks("arithmetic", n=3, seed=4, level=1)

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from workbench.backends import Backend, make_backend
 from workbench.engine import EpisodeRecord, Rollout
-from workbench.engine.runner import run_sync
+from workbench.engine.runner import describe_error, run_sync
 from workbench.rl.metrics import rollout_metrics
 from workbench.tasks import Task
 from workbench.topology import Topology, load, to_dict
@@ -209,9 +209,7 @@ def record_end(store: Any, error: BaseException, status: str) -> None:
 
     try:
         if status == "failed":
-            store.log_event(
-                "error", {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
-            )
+            store.log_event("error", {"error": describe_error(error), "traceback": traceback.format_exc()})
         store.set_status(status)
     except StoreError as unrecorded:
         error.add_note(f"the run store could not record this either: {unrecorded}")

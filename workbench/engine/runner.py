@@ -143,7 +143,7 @@ class Rollout:
             record.status = "cancelled"
         except Exception as error:  # noqa: BLE001 - one broken episode must not stop the rollout
             record.status = "error"
-            record.error = f"{type(error).__name__}: {error}"
+            record.error = describe_error(error)
         record.variables = {k: v for k, v in variables.items() if k != "task"}
         record.calls.sort(key=lambda c: c.position)
         await judge_calls(self.topology, record, task, self._judge)
@@ -231,7 +231,7 @@ class Rollout:
             record.status = "cancelled"
             return None
         except Exception as error:  # noqa: BLE001 - one broken branch must not stop the others
-            record.status, record.error = "error", f"{type(error).__name__}: {error}"
+            record.status, record.error = "error", describe_error(error)
             return None
         position = output.get("position")
         if position is not None:
@@ -699,6 +699,14 @@ class Rollout:
             )
         )
         return generation
+
+
+def describe_error(error: BaseException) -> str:
+    """``Type: message`` of an episode's error, even for an exception whose message itself fails."""
+    try:
+        return f"{type(error).__name__}: {error}"
+    except Exception:  # noqa: BLE001 - a hostile __str__ must not end the rollout
+        return f"{type(error).__name__}: (its message could not be read)"
 
 
 def _output(call: CallRecord) -> dict[str, Any]:
