@@ -42,7 +42,7 @@ from workbench.rl.loop import run_training
 from workbench.tasks import Task
 from workbench.tools import ToolOptionError, make_tool, run_tool
 from workbench.tools.web import WebSearchTool
-from workbench.topology import from_dict
+from workbench.topology import TopologyError, from_dict
 from workbench.training import create
 
 SERPER_KEY = "serper-" + secrets.token_hex(12)
@@ -423,27 +423,22 @@ def test_a_key_written_into_the_judge_backend_url_is_refused_before_the_run_stor
     assert not scan_directory(tmp_path, [JUDGE_KEY]), "the key was written under the runs directory"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a topology's tool options are stored whole with the run (config.yaml, the store's runs.config) "
-    "before any tool is built, so an api_key option is stored before the tool refuses it; topology validation "
-    "should refuse option names that hold keys (api_key, key, token, secret, password)",
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("api_key", SERPER_KEY),
+        ("SERPER-TOKEN", SERPER_KEY),
+        ("base_url", f"http://127.0.0.1:9/search?api_key={SERPER_KEY}"),
+        ("base_url", f"http://user:{SERPER_KEY}@127.0.0.1:9"),
+    ],
+    ids=["api_key", "token", "url-query", "url-credentials"],
 )
-def test_a_key_written_into_a_topology_tool_option_never_reaches_the_run(tmp_path, tokenizer):
+def test_a_key_written_into_a_topology_tool_option_is_refused_before_a_run_exists(tmp_path, option, value):
     spec = research_topology("http://127.0.0.1:9", tmp_path / "cache", tmp_path / "none.key")
-    spec["tools"]["serper"]["options"]["api_key"] = SERPER_KEY
-    task = Task(id="t0", question="q", answer="a", verifier="exact")
-    try:
-        result = wb.rollout(
-            from_dict(spec),
-            [task],
-            backend=ScriptedBackend(tokenizer, lambda prompt: _tool_call("serper", "x")),
-            judge=ScriptedBackend(tokenizer, lambda prompt: "correct: yes"),
-            runs_dir=tmp_path / "runs",
-        )
-    except Exception as error:  # noqa: BLE001 - refusing the topology is the fix
-        assert not leaks([SERPER_KEY], str(error))
-        assert not any((tmp_path / "runs").rglob("run.db")), "refused before a run was created"
-        return
-    assert result.episodes[0].status == "error"  # the tool refuses the option when the engine builds it
-    assert not scan_directory(result.run_dir, [SERPER_KEY])
+    spec["tools"]["serper"]["options"][option] = value
+    with pytest.raises(TopologyError, match=f"tools.serper.options.{option}") as refused:
+        from_dict(spec)
+    assert not leaks([SERPER_KEY], str(refused.value))
+    assert "api_key_env" in str(refused.value) or "key file" in str(refused.value)
+    del spec["tools"]["serper"]["options"][option]
+    from_dict(spec)  # the names of where a key lives are fine: api_key_env, api_key_file

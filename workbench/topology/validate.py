@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import jinja2
 import jinja2.meta
@@ -156,6 +157,7 @@ def check(topology: Topology) -> list[Problem]:
             problems.append(
                 Problem(f"{base}.route.via", f"unknown role '{tool.route.via}'; use one of {sorted(roles)}")
             )
+        problems += _check_secrets(f"{base}.options", tool.options)
 
     _check_flow(topology, "flow", topology.flow, provided, problems)
     for name, flow in topology.subflows.items():
@@ -193,6 +195,37 @@ def _check_reward(base: str, role: Role) -> list[Problem]:
             )
         )
     return out
+
+
+_SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "credential", "auth")
+
+
+def _check_secrets(base: str, options: dict[str, Any]) -> list[Problem]:
+    """Tool options that would put a key in the spec, which is stored with every run (never quoted here)."""
+    from workbench.api_keys import url_hides_secrets
+
+    problems = []
+    for option, value in options.items():
+        words = str(option).lower().replace("-", "_").split("_")
+        if words[-1] not in ("env", "file") and any(w in _SECRET_WORDS or w == "apikey" for w in words):
+            problems.append(
+                Problem(
+                    f"{base}.{option}",
+                    "a key must not be written into a topology (it is stored with every run); put it in an "
+                    "environment variable or a key file and name that (api_key_env, api_key_file)",
+                )
+            )
+        elif (
+            isinstance(value, str) and value.startswith(("http://", "https://")) and url_hides_secrets(value)
+        ):
+            problems.append(
+                Problem(
+                    f"{base}.{option}",
+                    "this URL carries credentials, a query or a fragment (not shown: it may hold a key); "
+                    "give scheme://host:port[/path] and the key in the environment or a key file",
+                )
+            )
+    return problems
 
 
 def _tool_kinds() -> list[str]:
