@@ -41,7 +41,7 @@ def all_boxed(text: str) -> list[str]:
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last complete ``\\boxed{...}``, else None."""
+    """Content of the last ``\\boxed{...}`` when it is complete, else None (a final box cut off is no answer)."""
     start = max(text.rfind(o) for o in _OPENERS)
     if start < 0:
         return None

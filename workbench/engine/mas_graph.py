@@ -30,6 +30,8 @@ def _roles(text: str | None) -> list[str]:
         roles = json.loads(text)
     except json.JSONDecodeError:
         roles = [r.strip(" '\"") for r in text.strip("[]").split(",")]
+    if not isinstance(roles, list):
+        raise FormatError(f"debate_roles must be a list of role names, got JSON {type(roles).__name__}")
     return [str(r) for r in roles if isinstance(r, str) and len(r.strip()) >= 2]
 
 

@@ -16,6 +16,7 @@ records as a format failure, and the episode goes on.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,6 +58,27 @@ class Protocol:
         raise NotImplementedError
 
 
+class _NotFinite(ValueError):
+    pass
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _NotFinite(text)
+    return value
+
+
+def _refuse(constant: str) -> Any:
+    raise _NotFinite(constant)
+
+
+def _json(text: str) -> Any:
+    """``text`` as JSON; ``_NotFinite`` for NaN, Infinity or a number too large for a float (which the
+    run store would keep but JSON readers such as the dashboard's browser refuse)."""
+    return json.loads(text, parse_float=_finite, parse_constant=_refuse)
+
+
 def _answer_tag(text: str) -> str | None:
     found = re.findall(r"<answer>(.*?)</answer>", text, flags=re.S)
     return found[-1].strip() if found else None
@@ -81,9 +103,12 @@ class JsonToolCall(Protocol):
         actions = Actions(answer=self.answer(text))
         for body in self._call.findall(text):
             try:
-                data = json.loads(body.strip())
+                data = _json(body.strip())
             except json.JSONDecodeError as error:
                 actions.invalid.append(f"tool call is not valid JSON ({error.msg} at char {error.pos})")
+                continue
+            except _NotFinite as error:
+                actions.invalid.append(f"tool call holds {error}, which is not a finite number")
                 continue
             if not isinstance(data, dict) or not isinstance(data.get("name"), str):
                 actions.invalid.append('tool call needs {"name": <tool>, "arguments": {...}}')
@@ -91,8 +116,8 @@ class JsonToolCall(Protocol):
             arguments = data.get("arguments", data.get("parameters", {}))
             if isinstance(arguments, str):
                 try:
-                    arguments = json.loads(arguments)
-                except json.JSONDecodeError:
+                    arguments = _json(arguments)
+                except (json.JSONDecodeError, _NotFinite):
                     actions.invalid.append("tool call arguments are a string that is not JSON")
                     continue
             if not isinstance(arguments, dict):
@@ -128,9 +153,12 @@ class McpXml(Protocol):
                 actions.invalid.append(f"<use_mcp_tool> lacks {', '.join('<' + m + '>' for m in missing)}")
                 continue
             try:
-                arguments = json.loads(fields["arguments"].group(1).strip() or "{}")
+                arguments = _json(fields["arguments"].group(1).strip() or "{}")
             except json.JSONDecodeError as error:
                 actions.invalid.append(f"<arguments> is not valid JSON ({error.msg})")
+                continue
+            except _NotFinite as error:
+                actions.invalid.append(f"<arguments> holds {error}, which is not a finite number")
                 continue
             if not isinstance(arguments, dict):
                 actions.invalid.append("<arguments> must be a JSON object")
