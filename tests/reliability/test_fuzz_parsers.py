@@ -48,7 +48,11 @@ plain = st.text(
     st.characters(codec="utf-8", exclude_categories=("Cs",), exclude_characters="<>{}\\"), max_size=40
 )
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(10**12), 10**12) | st.floats(allow_nan=False, allow_infinity=False) | words,
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**12), 10**12)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | words,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(words, inner, max_size=4),
     max_leaves=12,
 )
