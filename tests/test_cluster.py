@@ -298,6 +298,7 @@ def test_a_killed_trainer_rank_fails_the_step_clearly_and_the_run_resumes(ray_cl
 
 
 @pytest.mark.slow
+@pytest.mark.vllm  # in make test's vLLM phase: one engine at a time
 def test_a_rollout_worker_owns_a_vllm_engine_that_serves_each_steps_adapters(ray_cluster, tmp_path):
     cfg = config(
         tmp_path,
