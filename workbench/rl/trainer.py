@@ -211,7 +211,7 @@ class PolicyTrainer:
         measure = cfg.measure_role_gradients and len(roles) > 1
         mine = self.shard.mine(chosen)
         self.optimizer.zero_grad(set_to_none=True)
-        gathered = [torch.zeros_like(p) for p in self.parameters]
+        gathered: list[torch.Tensor] | None = None  # the mini-batch's gradient, summed over roles and ranks
         touched = torch.zeros(len(self.parameters), dtype=torch.float64)
         for role in roles if measure else [None]:
             for micro in self._plan(trained, [i for i in mine if role is None or trained[i].role == role]):
@@ -229,20 +229,17 @@ class PolicyTrainer:
                 totals["entropy"] += terms.entropy_sum
                 totals["ratio"] += terms.ratio_sum
                 totals["mastered"] += terms.masked_mastered
-            # this role's gradient (since the last role), summed over the ranks
+            # this role's gradient (taken out of the parameters, so the next role's starts at zero), summed
+            # over the ranks
             part = []
             for k, p in enumerate(self.parameters):
-                if p.grad is None:
-                    part.append(torch.zeros_like(p))
-                    continue
-                touched[k] = 1.0
-                part.append(p.grad.detach().clone())
+                touched[k] = max(touched[k], float(p.grad is not None))
+                part.append(p.grad if p.grad is not None else torch.zeros_like(p))
                 p.grad = None
             self.shard.sum_(part)
-            for total, piece in zip(gathered, part, strict=True):
-                total.add_(piece)
             if roles:
                 role_sq[role if measure else roles[0]] += sum(float(g.pow(2).sum()) for g in part)
+            gathered = part if gathered is None else [g.add_(q) for g, q in zip(gathered, part, strict=True)]
         self.shard.sum_([touched])
         for k, p in enumerate(self.parameters):  # AdamW leaves a parameter with no gradient alone
             p.grad = gathered[k] if touched[k] > 0 else None
