@@ -239,7 +239,8 @@ class DagNode(_Spec):
 
 
 def _node_kind(value: Any) -> str:
-    keys = value if isinstance(value, dict) else vars(value)
+    # a value that is neither a mapping nor a node is read as a call node, whose validation names the problem
+    keys = value if isinstance(value, dict) else getattr(value, "__dict__", {})
     for kind in ("agent", "map", "dag"):
         if kind in keys:
             return kind
