@@ -11,6 +11,7 @@ tokens (as vLLM reports by default).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections import defaultdict
@@ -52,6 +53,7 @@ class HFBackend:
         self._worker: asyncio.Task | None = None
 
     async def generate(self, request: GenerationRequest) -> list[Generation]:
+        request = self._within_context(request)
         loop = asyncio.get_running_loop()
         if self._worker is None or self._worker.done() or self._worker.get_loop() is not loop:
             self._wakeup = asyncio.Event()
@@ -60,6 +62,22 @@ class HFBackend:
         self._queue.append((request, future))
         self._wakeup.set()
         return await future
+
+    def _within_context(self, request: GenerationRequest) -> GenerationRequest:
+        """``request`` with its completion cut to what the context window leaves; a ``BackendError`` for a
+        prompt that fills the window (the model would read positions it was never trained on)."""
+        context = getattr(self.model.config, "max_position_embeddings", None)
+        if not isinstance(context, int):
+            return request
+        n = len(request.prompt_ids)
+        if n >= context:
+            raise BackendError(
+                f"the prompt has {n} tokens and the model's context window holds {context}: shorten the "
+                "question, the conversation or the tool results it carries, or use a model with a longer context"
+            )
+        if n + request.max_tokens > context:
+            return dataclasses.replace(request, max_tokens=context - n)
+        return request
 
     async def _serve(self) -> None:
         while True:

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from workbench.api_keys import url_hides_secrets
+from workbench.rl.config_checks import field_problems
 from workbench.rl.loss import LossConfig
 from workbench.rl.trainer import OptimConfig
 
@@ -138,10 +139,9 @@ class TrainConfig:
     run_id: str | None = _f(None, "Run id (default: generated from the time and topology).")
 
     def __post_init__(self) -> None:
-        problems = []
-        for name in ("steps", "batch_size", "group_size", "n_tasks", "ppo_epochs", "token_budget"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                problems.append(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        problems = field_problems(self)  # types and ranges, field by field
+        if problems:  # the checks below read the values as their types say
+            raise ValueError("invalid training config:\n  - " + "\n  - ".join(problems))
         if self.aggregation not in ("seq_mean_token_mean", "token_mean"):
             problems.append(
                 f"aggregation must be seq_mean_token_mean or token_mean, got {self.aggregation!r}"
@@ -150,18 +150,12 @@ class TrainConfig:
             problems.append(f"policies must be shared, lora or separate, got {self.policies!r}")
         if self.scheduler not in ("sync", "async", "pipeline"):
             problems.append(f"scheduler must be sync, async or pipeline, got {self.scheduler!r}")
-        if not isinstance(self.max_staleness, int) or self.max_staleness < 0:
-            problems.append(f"max_staleness must be an integer >= 0, got {self.max_staleness!r}")
-        if self.segment_len is not None and (not isinstance(self.segment_len, int) or self.segment_len < 1):
-            problems.append(f"segment_len must be a positive integer or None, got {self.segment_len!r}")
         if self.stale_ratio not in ("recompute", "behaviour", "truncated"):
             problems.append(
                 f"stale_ratio must be recompute, behaviour or truncated, got {self.stale_ratio!r}"
             )
         if self.backend not in ("hf", "vllm"):
             problems.append(f"backend must be hf or vllm, got {self.backend!r}")
-        if not self.learning_rate > 0:
-            problems.append(f"learning_rate must be > 0, got {self.learning_rate!r}")
         if self.judge_backend.startswith(("http://", "https://")) and url_hides_secrets(self.judge_backend):
             problems.append(  # not quoted: it may hold a key, and this config is stored with the run
                 "judge_backend carries credentials, a query or a fragment; give scheme://host:port[/path] and "
@@ -169,14 +163,8 @@ class TrainConfig:
             )
         if self.cluster is not None and self.scheduler != "sync":
             problems.append(f"cluster runs use the sync scheduler, got scheduler {self.scheduler!r}")
-        if not isinstance(self.cluster_workers, int) or self.cluster_workers < 1:
-            problems.append(f"cluster_workers must be a positive integer, got {self.cluster_workers!r}")
-        if not isinstance(self.cluster_trainers, int) or self.cluster_trainers < 0:
-            problems.append(f"cluster_trainers must be an integer >= 0, got {self.cluster_trainers!r}")
-        elif self.cluster_trainers and self.cluster is None:
+        if self.cluster_trainers and self.cluster is None:
             problems.append("cluster_trainers needs a cluster (set cluster: local or a Ray address)")
-        if self.checkpoint_every < 1:
-            problems.append(f"checkpoint_every must be >= 1, got {self.checkpoint_every!r}")
         if problems:
             raise ValueError("invalid training config:\n  - " + "\n  - ".join(problems))
 

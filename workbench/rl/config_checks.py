@@ -1,0 +1,120 @@
+"""What each training-config field accepts: its type (from the annotation) and its range.
+
+``field_problems(config)`` returns one line per bad field, naming the field, what it must be and what it
+got, so a YAML file with a string for ``steps``, a list for ``learning_rate``, NaN or a negative clip range
+fails at once with every problem listed, instead of deep inside a run. Checks of values that depend on each
+other stay in ``TrainConfig.__post_init__``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+_KINDS: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "str": (str,),
+    "bool": (bool,),
+    "dict": (dict,),
+    "list": (list,),
+}
+
+#: Integer fields and their least value.
+INT_AT_LEAST = {
+    **dict.fromkeys(
+        (
+            "steps",
+            "batch_size",
+            "group_size",
+            "n_tasks",
+            "ppo_epochs",
+            "token_budget",
+            "max_tokens",
+            "lora_rank",
+            "lora_alpha",
+            "mini_batch_size",
+            "segment_len",
+            "cluster_workers",
+            "checkpoint_every",
+        ),
+        1,
+    ),
+    **dict.fromkeys(
+        (
+            "eval_tasks",
+            "eval_every",
+            "max_staleness",
+            "cluster_max_restarts",
+            "cluster_trainers",
+            "keep_checkpoints",
+        ),
+        0,
+    ),
+}
+#: Number fields and the interval they must fall in: (low, high, low included, high included).
+IN_RANGE = {
+    "temperature": (0.0, math.inf, True, False),
+    "learning_rate": (0.0, math.inf, False, False),
+    "weight_decay": (0.0, math.inf, True, False),
+    "adam_beta1": (0.0, 1.0, True, False),
+    "adam_beta2": (0.0, 1.0, True, False),
+    "adam_eps": (0.0, math.inf, False, False),
+    "max_grad_norm": (0.0, math.inf, False, True),
+    "clip_low": (0.0, 1.0, True, False),
+    "clip_high": (0.0, math.inf, True, False),
+    "dual_clip": (1.0, math.inf, False, False),
+    "kl_coef": (0.0, math.inf, True, False),
+    "engine_ratio_cap": (0.0, math.inf, False, False),
+    "mastered_prob": (0.0, 1.0, False, True),
+    "advantage_eps": (0.0, math.inf, True, False),
+    "sync_timeout_s": (0.0, math.inf, False, False),
+    "cluster_cpus_per_worker": (0.0, math.inf, True, False),
+    "cluster_gpus_per_worker": (0.0, math.inf, True, False),
+    "cluster_cpus_per_trainer": (0.0, math.inf, True, False),
+}
+
+
+def _type_problem(name: str, annotation: str, value: Any) -> str | None:
+    options = [part.strip() for part in annotation.split("|")]
+    if value is None:
+        return None if "None" in options else f"{name} must be {annotation}, got None"
+    for option in options:
+        kinds = _KINDS.get(option.split("[")[0])
+        if kinds is None:
+            return None  # an annotation this check does not know: left to the code that reads it
+        if isinstance(value, bool) and bool not in kinds:
+            continue  # YAML's true/false are not numbers here
+        if isinstance(value, kinds) and not (isinstance(value, float) and not math.isfinite(value)):
+            return None
+    return f"{name} must be {annotation}, got {value!r}"
+
+
+def _range_problem(name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if name in INT_AT_LEAST:
+        least = INT_AT_LEAST[name]
+        if value < least:
+            wanted = "a positive integer" if least == 1 else f"an integer >= {least}"
+            return f"{name} must be {wanted}, got {value!r}"
+    if name in IN_RANGE:
+        low, high, low_in, high_in = IN_RANGE[name]
+        below = value < low or (value == low and not low_in)
+        above = value > high or (value == high and not high_in)
+        if below or above:
+            interval = f"{'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}"
+            return f"{name} must be in {interval}, got {value!r}"
+    return None
+
+
+def field_problems(config: Any) -> list[str]:
+    """One line per field of the dataclass ``config`` whose value has the wrong type or is out of range."""
+    problems = []
+    for spec in dataclasses.fields(config):
+        value = getattr(config, spec.name)
+        problem = _type_problem(spec.name, str(spec.type), value) or _range_problem(spec.name, value)
+        if problem:
+            problems.append(problem)
+    return problems
