@@ -29,16 +29,10 @@ from workbench.rewards.judge import (
     parse_mas_orchestra,
     parse_simpleqa,
 )
+from workbench.topology import load as load_topology
 
 FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-HIRA = {
-    "begin": "<|begin_call_subtask|>",
-    "end": "<|end_call_subtask|>",
-    "tool": "subtask",
-    "argument": "task",
-    "result_begin": "<|begin_subtask_result|>",
-    "result_end": "<|end_subtask_result|>",
-}
+HIRA = load_topology("hira").flow.nodes["plan"].protocol_options  # the tags HiRA's planner writes
 NASTY = ["\x00", "\x1b[31m", "\u202e", "\ufeff", "\ud7ff", "😀", "\r\n", "\t", "{", "}", "<", ">", "\\", '"']
 
 # ---------------------------------------------------------------- strategies
