@@ -108,9 +108,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    import yaml
-
-    from workbench.rl.config import TrainConfig
+    from workbench.rl.config import TrainConfig, load_yaml
     from workbench.training import CONFIG_FILE, create, run_here
 
     if args.help_config:
@@ -121,7 +119,7 @@ def _train(args: argparse.Namespace) -> int:
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"--set {item!r}: write FIELD=VALUE")
-        overrides[key.strip()] = yaml.safe_load(value)
+        overrides[key.strip()] = load_yaml(value)  # as in a config file: 1e-5 is a number
     if args.resume:
         run_dir = Path(args.resume)
         if overrides:

@@ -145,6 +145,11 @@ def train(
     from workbench.tasks import save_jsonl
     from workbench.topology import Topology, to_yaml
 
+    if tasks is not None and len(tasks) == 0:  # refused here, before a run is made for nothing
+        raise ValueError(
+            "no training tasks: pass a non-empty list (e.g. wb.generate_tasks('arithmetic', n=64)), or "
+            "tasks=None to use the config's tasks"
+        )
     config = _config(config, overrides)
     if isinstance(topology, Topology):
         config.topology = topology.name

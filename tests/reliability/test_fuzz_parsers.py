@@ -4,9 +4,12 @@ For each output format the tests generate *valid* outputs from the format's own 
 any name and JSON arguments, a ``\\boxed{}`` answer with nested braces, a verdict, a JSON object inside
 prose, an orchestrator's agent graph, a judge's reply) and check they read back exactly what was
 generated; then they damage those outputs (cut at any point, a closing tag dropped or doubled, control
-characters and unicode spliced in, blocks nested or repeated) and check the damage surfaces only as the
-format's own failure: ``FormatError`` from output parsers, ``invalid`` entries from tool-call protocols,
-``UnreadableJudgement`` from judge parsers, and that everything read is JSON-serialisable (it is stored).
+characters and unicode spliced in, the text nested in itself, brackets repeated thousands deep) and check
+the damage surfaces only as the format's own failure: ``FormatError`` from output parsers, ``invalid``
+entries from tool-call protocols, ``UnreadableJudgement`` from judge parsers, and that everything read is
+strict JSON (no NaN or Infinity: it is stored, and the dashboard's browser reads it). JSON a model writes
+is read up to ``MAX_JSON_DEPTH`` levels deep and refused beyond, as are numbers that are not finite and
+integers too long to convert. Each property runs 250 generated examples (``FUZZ``).
 Plain random text is fuzzed by the unit tests (``tests/test_parsers.py``, ``tests/test_protocols.py``).
 """
 
@@ -20,7 +23,14 @@ from hypothesis import strategies as st
 
 from workbench.answers import last_boxed
 from workbench.engine.mas_graph import AGENT_NAMES, parse_mas
-from workbench.engine.parsers import PARSERS, FormatError, parse_boxed, parse_json, parse_verdict
+from workbench.engine.parsers import (
+    MAX_JSON_DEPTH,
+    PARSERS,
+    FormatError,
+    parse_boxed,
+    parse_json,
+    parse_verdict,
+)
 from workbench.engine.protocols import Actions, make_protocol
 from workbench.rewards.judge import (
     UnreadableJudgement,
@@ -33,11 +43,15 @@ from workbench.topology import load as load_topology
 
 FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 HIRA = load_topology("hira").flow.nodes["plan"].protocol_options  # the tags HiRA's planner writes
+BRACKETS = ["[", "{", '{"a": ', '[{"b": ', "\\boxed{", "<agent>", "<tool_call>"]
 NASTY = ["\x00", "\x1b[31m", "\u202e", "\ufeff", "\ud7ff", "😀", "\r\n", "\t", "{", "}", "<", ">", "\\", '"']
 
 # ---------------------------------------------------------------- strategies
 
-words = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=12)
+# any text, except a closing tag: the protocols end a call's JSON at its closing tag, which no text in it can hold
+words = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=12).filter(
+    lambda w: "</" not in w
+)
 plain = st.text(
     st.characters(codec="utf-8", exclude_categories=("Cs",), exclude_characters="<>{}\\"), max_size=40
 )
@@ -66,7 +80,7 @@ def braced(draw, depth: int = 0) -> str:
 @st.composite
 def damaged(draw, text: str) -> str:
     """``text`` cut, with a tag or brace dropped or doubled, or with nasty characters spliced in."""
-    kind = draw(st.sampled_from(["cut", "drop", "double", "splice", "nest"]))
+    kind = draw(st.sampled_from(["cut", "drop", "double", "splice", "nest", "deep"]))
     if kind == "cut":
         return text[: draw(st.integers(0, len(text)))]
     if kind == "splice":
@@ -75,6 +89,11 @@ def damaged(draw, text: str) -> str:
     if kind == "nest":
         at = draw(st.integers(0, len(text)))
         return text[:at] + text + text[at:]
+    if kind == "deep":  # a model repeating an opening bracket, past any reader's recursion limit
+        at = draw(st.integers(0, len(text)))
+        return (
+            text[:at] + draw(st.sampled_from(BRACKETS)) * draw(st.sampled_from([50, 200, 5000])) + text[at:]
+        )
     marks = [i for i, c in enumerate(text) if c in "<>{}/"]
     if not marks:
         return text
@@ -84,7 +103,7 @@ def damaged(draw, text: str) -> str:
 
 def stored(value) -> None:
     """What a parser returns is stored with the call: it must serialise as strict JSON."""
-    json.dumps(value, allow_nan=True)
+    json.dumps(value, allow_nan=False)
 
 
 def same_json(a, b) -> bool:
@@ -143,6 +162,113 @@ def test_damaged_json_is_a_format_error_or_an_object(value, data):
         return
     assert isinstance(out, dict)
     stored(out)
+
+
+def nest(depth: int, leaf) -> dict:
+    """``leaf`` inside ``depth`` levels of objects and lists, the outermost an object."""
+    value = leaf
+    for level in range(depth - 1):
+        value = [value] if level % 2 else {"k": value}
+    return {"k": value}
+
+
+def levels(value) -> int:
+    """How many levels of objects and lists ``value`` has."""
+    if isinstance(value, dict | list):
+        return 1 + max(map(levels, value.values() if isinstance(value, dict) else value), default=0)
+    return 0
+
+
+def read_by_each_reader(arguments: dict) -> dict[str, tuple[object, int]]:
+    """``arguments`` written as a router's JSON and as a call in both JSON-carrying protocols, then read:
+    per reader, what it read (a ``FormatError`` or the list of invalid reasons where it read nothing) and
+    how many levels deep the JSON it had to read was."""
+    text = json.dumps(arguments)
+    out: dict[str, tuple[object, int]] = {}
+    try:
+        out["json"] = (parse_json(f"The route: {text}."), levels(arguments))
+    except FormatError as error:
+        out["json"] = (error, levels(arguments))
+    for name, body in (
+        ("json_tool_call", f'<tool_call>{{"name": "s", "arguments": {text}}}</tool_call>'),
+        (
+            "mcp_xml",
+            f"<use_mcp_tool><server_name>s</server_name><tool_name>t</tool_name>"
+            f"<arguments>{text}</arguments></use_mcp_tool>",
+        ),
+    ):
+        actions = protocol(name).parse(body)
+        stored(actions.to_dict())
+        read = actions.tool_calls[0].arguments if actions.tool_calls else actions.invalid
+        out[name] = (read, levels(arguments) + (name == "json_tool_call"))  # the call wraps its arguments
+    return out
+
+
+@FUZZ
+@given(depth=st.integers(1, MAX_JSON_DEPTH + 20), leaf=json_values)
+def test_nested_json_reads_back_up_to_the_depth_limit_and_is_refused_beyond_it(depth, leaf):
+    arguments = nest(depth, leaf)
+    for reader, (read, deep) in read_by_each_reader(arguments).items():
+        if deep <= MAX_JSON_DEPTH:
+            assert same_json(read, arguments), reader
+        elif reader == "json":
+            assert isinstance(read, FormatError) and f"nested deeper than {MAX_JSON_DEPTH} levels" in str(
+                read
+            )
+        else:
+            assert read == [
+                f"{'tool call' if reader == 'json_tool_call' else '<arguments>'} is nested "
+                f"deeper than {MAX_JSON_DEPTH} levels"
+            ], reader
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ("[" * 100_000, f"is nested deeper than {MAX_JSON_DEPTH} levels"),
+        ("[" * 5000 + "]" * 5000, f"is nested deeper than {MAX_JSON_DEPTH} levels"),
+        ('{"a": ' * 5000 + "1" + "}" * 5000, f"is nested deeper than {MAX_JSON_DEPTH} levels"),
+        ("7" * 5000, "holds an integer of 5000 digits, too long to read"),
+        ("-" + "7" * 5000, "holds an integer of 5000 digits, too long to read"),
+        ("NaN", "holds NaN, which is not a finite number"),
+        ("-Infinity", "holds -Infinity, which is not a finite number"),
+        ("1e999", "holds 1e999, which is not a finite number"),
+    ],
+    ids=["unclosed-deep", "deep-list", "deep-object", "long-integer", "long-negative", "nan", "inf", "1e999"],
+)
+def test_json_a_run_cannot_store_is_a_format_error_or_an_invalid_call_naming_why(value, reason):
+    body = f'{{"a": {value}}}'
+    with pytest.raises(FormatError, match=reason):
+        parse_json(f"The route is {body} and that is all.")
+    actions = protocol("json_tool_call").parse(f'<tool_call>{{"name": "s", "arguments": {body}}}</tool_call>')
+    assert not actions.tool_calls and actions.invalid == [f"tool call {reason}"]
+    mcp = protocol("mcp_xml").parse(
+        f"<use_mcp_tool><server_name>s</server_name><tool_name>t</tool_name><arguments>{body}</arguments>"
+        "</use_mcp_tool>"
+    )
+    assert not mcp.tool_calls and mcp.invalid == [f"<arguments> {reason}"]
+    stored(actions.to_dict())
+    stored(mcp.to_dict())
+
+
+def test_code_fences_inside_a_json_string_are_kept():
+    # parse_json used to delete every ``` before reading, inside JSON strings too
+    assert parse_json('```json\n{"summary": "run ```pip install x```", "k": 1}\n```') == {
+        "summary": "run ```pip install x```",
+        "k": 1,
+    }
+
+
+@pytest.mark.parametrize("value", ["NaN", "1e999", "7" * 5000, "[" * 150 + "]" * 150])
+def test_an_unreadable_json_object_is_passed_over_whole_never_read_in_part(value):
+    text = f'Not this: {{"route": "a", "x": {value}, "meta": {{"k": 1}}}}. This: {{"route": "b"}}'
+    assert parse_json(text) == {"route": "b"}
+
+
+def test_json_nested_past_the_decoders_stack_ends_the_search_with_a_format_error():
+    text = '{"a": ' + "[" * 5000 + "]" * 5000 + '} {"route": "b"}'  # where the first object ends is unknown
+    with pytest.raises(FormatError, match=f"nested deeper than {MAX_JSON_DEPTH} levels"):
+        parse_json(text)
 
 
 @FUZZ
@@ -229,7 +355,9 @@ def test_a_damaged_agent_graph_is_a_format_error_or_a_graph(graph, data):
     stored(out)
 
 
-@pytest.mark.parametrize("roles", ["5", "null", '{"Skeptic": 1, "Expert": 2}', "[1, 2]", "true", "3.5"])
+@pytest.mark.parametrize(
+    "roles", ["5", "null", '{"Skeptic": 1, "Expert": 2}', "[1, 2]", "true", "3.5", "[" * 100_000]
+)
 def test_debate_roles_of_the_wrong_json_type_are_a_format_error(roles):
     text = render_graph([("A1", "DebateAgent", "argue", [])], []).replace(
         "</agent_input>", f"</agent_input><debate_roles>{roles}</debate_roles>"

@@ -20,6 +20,7 @@ Semantics every backend follows:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -78,6 +79,23 @@ class Backend(Protocol):
 
 class BackendError(RuntimeError):
     """A backend that cannot start or cannot serve a request."""
+
+
+def fit_to_context(request: GenerationRequest, context: int | None) -> GenerationRequest:
+    """``request`` with its completion cut to what a ``context``-token window leaves after the prompt; a
+    ``BackendError`` naming the fix for a prompt that fills the window (the engine records it on the call's
+    episode, and the rest of the batch goes on)."""
+    if not isinstance(context, int) or context <= 0:
+        return request
+    n = len(request.prompt_ids)
+    if n >= context:
+        raise BackendError(
+            f"the prompt has {n} tokens and the model's context window holds {context}: shorten the "
+            "question, the conversation or the tool results it carries, or use a model with a longer context"
+        )
+    if n + request.max_tokens > context:
+        return dataclasses.replace(request, max_tokens=context - n)
+    return request
 
 
 def cut_at_stop(tokenizer: object, ids: list[int], stop: tuple[str, ...]) -> tuple[int, str | None]:

@@ -11,14 +11,13 @@ tokens (as vLLM reports by default).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from workbench.backends.base import BackendError, Generation, GenerationRequest, cut_at_stop
+from workbench.backends.base import BackendError, Generation, GenerationRequest, cut_at_stop, fit_to_context
 from workbench.backends.hf_decode import decode
 
 
@@ -64,20 +63,8 @@ class HFBackend:
         return await future
 
     def _within_context(self, request: GenerationRequest) -> GenerationRequest:
-        """``request`` with its completion cut to what the context window leaves; a ``BackendError`` for a
-        prompt that fills the window (the model would read positions it was never trained on)."""
-        context = getattr(self.model.config, "max_position_embeddings", None)
-        if not isinstance(context, int):
-            return request
-        n = len(request.prompt_ids)
-        if n >= context:
-            raise BackendError(
-                f"the prompt has {n} tokens and the model's context window holds {context}: shorten the "
-                "question, the conversation or the tool results it carries, or use a model with a longer context"
-            )
-        if n + request.max_tokens > context:
-            return dataclasses.replace(request, max_tokens=context - n)
-        return request
+        # past its context the model would read positions it was never trained on (or index out of range)
+        return fit_to_context(request, getattr(self.model.config, "max_position_embeddings", None))
 
     async def _serve(self) -> None:
         while True:

@@ -34,7 +34,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from workbench.backends.base import BackendError, Generation, GenerationRequest
+from workbench.backends.base import BackendError, Generation, GenerationRequest, fit_to_context
 from workbench.backends.loop_thread import LoopThread
 
 #: Environment defaults for vLLM's CPU build (set only when unset, and only without CUDA).
@@ -115,6 +115,7 @@ class VLLMBackend:
         self.model_path = path
         if max_model_len is None:  # the model's own context, capped to keep the CPU KV cache small
             max_model_len = min(4096, _context_length(Path(path)))
+        self.max_model_len = max_model_len
         if tokenizer is None:
             from transformers import AutoTokenizer
 
@@ -161,6 +162,7 @@ class VLLMBackend:
 
     async def generate(self, request: GenerationRequest) -> list[Generation]:
         self._check_open()
+        request = fit_to_context(request, self.max_model_len)  # vLLM would refuse it with its own words
         return await self._loop.submit(self._generate(request))
 
     async def _generate(self, request: GenerationRequest) -> list[Generation]:

@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-from workbench.engine.parsers import FormatError, register_parser
+from workbench.engine.parsers import FormatError, UnreadableJson, loads_json, register_parser
 
 AGENT_NAMES = ("CoTAgent", "SCAgent", "DebateAgent", "ReflexionAgent", "WebSearchAgent")
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_]+)\}")
@@ -27,8 +27,8 @@ def _roles(text: str | None) -> list[str]:
     if not text:
         return []
     try:
-        roles = json.loads(text)
-    except json.JSONDecodeError:
+        roles = loads_json(text)
+    except (json.JSONDecodeError, UnreadableJson):
         roles = [r.strip(" '\"") for r in text.strip("[]").split(",")]
     if not isinstance(roles, list):
         raise FormatError(f"debate_roles must be a list of role names, got JSON {type(roles).__name__}")

@@ -16,13 +16,13 @@ records as a format failure, and the episode goes on.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.answers import last_boxed
+from workbench.engine.parsers import UnreadableJson, loads_json
 
 
 @dataclass
@@ -58,25 +58,11 @@ class Protocol:
         raise NotImplementedError
 
 
-class _NotFinite(ValueError):
-    pass
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise _NotFinite(text)
-    return value
-
-
-def _refuse(constant: str) -> Any:
-    raise _NotFinite(constant)
-
-
 def _json(text: str) -> Any:
-    """``text`` as JSON; ``_NotFinite`` for NaN, Infinity or a number too large for a float (which the
-    run store would keep but JSON readers such as the dashboard's browser refuse)."""
-    return json.loads(text, parse_float=_finite, parse_constant=_refuse)
+    """``text`` as JSON; ``UnreadableJson`` for NaN, Infinity or a number too large for a float (which the
+    run store would keep but JSON readers such as the dashboard's browser refuse), an integer too long to
+    convert, or nesting deeper than ``MAX_JSON_DEPTH``."""
+    return loads_json(text)
 
 
 def _answer_tag(text: str) -> str | None:
@@ -107,8 +93,8 @@ class JsonToolCall(Protocol):
             except json.JSONDecodeError as error:
                 actions.invalid.append(f"tool call is not valid JSON ({error.msg} at char {error.pos})")
                 continue
-            except _NotFinite as error:
-                actions.invalid.append(f"tool call holds {error}, which is not a finite number")
+            except UnreadableJson as error:
+                actions.invalid.append(f"tool call {error}")
                 continue
             if not isinstance(data, dict) or not isinstance(data.get("name"), str):
                 actions.invalid.append('tool call needs {"name": <tool>, "arguments": {...}}')
@@ -117,7 +103,7 @@ class JsonToolCall(Protocol):
             if isinstance(arguments, str):
                 try:
                     arguments = _json(arguments)
-                except (json.JSONDecodeError, _NotFinite):
+                except (json.JSONDecodeError, UnreadableJson):
                     actions.invalid.append("tool call arguments are a string that is not JSON")
                     continue
             if not isinstance(arguments, dict):
@@ -157,8 +143,8 @@ class McpXml(Protocol):
             except json.JSONDecodeError as error:
                 actions.invalid.append(f"<arguments> is not valid JSON ({error.msg})")
                 continue
-            except _NotFinite as error:
-                actions.invalid.append(f"<arguments> holds {error}, which is not a finite number")
+            except UnreadableJson as error:
+                actions.invalid.append(f"<arguments> {error}")
                 continue
             if not isinstance(arguments, dict):
                 actions.invalid.append("<arguments> must be a JSON object")

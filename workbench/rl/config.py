@@ -7,6 +7,8 @@ stores its config in the run store, and ``workbench train config.yaml`` reads th
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,37 @@ from workbench.api_keys import url_hides_secrets
 from workbench.rl.config_checks import field_problems
 from workbench.rl.loss import LossConfig
 from workbench.rl.trainer import OptimConfig
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """YAML as written by hand: ``1e-5`` is a number (PyYAML's YAML 1.1 reads it as a string)."""
+
+
+class _YamlDumper(yaml.SafeDumper):
+    """Writes what ``_YamlLoader`` reads back the same: a string such as '1e-5' is quoted."""
+
+
+for _yaml in (_YamlLoader, _YamlDumper):
+    _yaml.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(
+            r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"
+        ),  # a digit before e
+        list("-+0123456789."),
+    )
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    # U+0085 (NEL) written raw reads back as a line break folded into a space: double quotes escape it
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style='"' if "\x85" in value else None)
+
+
+_YamlDumper.add_representer(str, _represent_str)
+
+
+def load_yaml(text: str) -> Any:
+    """``text`` read as YAML the way a config file means it (``1e-5`` is a float)."""
+    return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 - a SafeLoader with one more resolver
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:  # noqa: A002 - "help" is the natural name here
@@ -164,6 +197,16 @@ class TrainConfig:
             problems.append(f"cluster runs use the sync scheduler, got scheduler {self.scheduler!r}")
         if self.cluster_trainers and self.cluster is None:
             problems.append("cluster_trainers needs a cluster (set cluster: local or a Ray address)")
+        if isinstance(self.eval_every, int) and self.eval_every > 0 and self.eval_tasks == 0:
+            problems.append("eval_every needs held-out tasks to score: set eval_tasks > 0, or eval_every: 0")
+        if isinstance(self.run_id, str):
+            from workbench.store import StoreError
+            from workbench.store.layout import check_run_id
+
+            try:
+                check_run_id(self.run_id)  # the run store's own rule, checked before anything is written
+            except StoreError as error:
+                problems.append(f"run_id: {error}")
         if problems:
             raise ValueError("invalid training config:\n  - " + "\n  - ".join(problems))
 
@@ -174,24 +217,48 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown training config field(s) {unknown}; see TrainConfig.help()")
-        return cls(**data)
+        """A config from a mapping of field: value; a ``ValueError`` listing every problem, fields it does not
+        have (with the nearest known name) among them."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a training config is a mapping of field: value, got {type(data).__name__}")
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(str(key) for key in data if key not in known)
+        if not unknown:
+            return cls(**data)
+        near = {name: difflib.get_close_matches(name, known, n=1) for name in unknown}
+        hints = "".join(f"; {name!r} may be {close[0]!r}" for name, close in near.items() if close)
+        problems = [f"unknown training config field(s) {unknown}{hints}; see TrainConfig.help()"]
+        try:  # what is wrong with the known fields too, so that one error lists everything
+            cls(**{key: value for key, value in data.items() if key in known})
+        except ValueError as error:
+            problems += str(error).split("\n  - ")[1:]
+        raise ValueError("invalid training config:\n  - " + "\n  - ".join(problems))
 
     def to_yaml(self, path: str | Path | None = None) -> str:
-        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        text = yaml.dump(self.to_dict(), Dumper=_YamlDumper, sort_keys=False)
         if path is not None:
             Path(path).write_text(text)
         return text
 
     @classmethod
     def from_yaml(cls, source: str | Path) -> TrainConfig:
-        text = Path(source).read_text() if Path(str(source)).suffix in {".yaml", ".yml"} else str(source)
-        data = yaml.safe_load(text) or {}
+        """A config from a ``.yaml``/``.yml`` file or from YAML text; a file that cannot be read as one is a
+        ``ValueError`` naming it (a missing file stays a ``FileNotFoundError``)."""
+        is_file = Path(str(source)).suffix in {".yaml", ".yml"}
+        where = f"training config {str(source)!r}" if is_file else "training config"
+        try:
+            text = Path(source).read_text(encoding="utf-8") if is_file else str(source)
+            data = load_yaml(text) or {}
+        except IsADirectoryError:
+            raise ValueError(f"{where} is a directory, not a YAML file") from None
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{where} is not UTF-8 text: {error}") from None
+        except yaml.YAMLError as error:
+            raise ValueError(f"{where} is not valid YAML: {error}") from None
+        except RecursionError:
+            raise ValueError(f"{where} is not valid YAML: nested too deeply") from None
         if not isinstance(data, dict):
-            raise ValueError("a training config file is a mapping of field: value")
+            raise ValueError(f"{where} is a mapping of field: value, got {type(data).__name__}")
         return cls.from_dict(data)
 
     @classmethod

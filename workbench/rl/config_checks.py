@@ -76,11 +76,41 @@ IN_RANGE = {
 }
 
 
+#: Seeds feed ``torch.manual_seed``, which takes at most 64 bits (and held-out tasks use ``seed + 10_000``).
+SEED_LIMIT = 2**63
+#: Fields naming something (a file, a model, a generator): an empty string names nothing.
+NAMES = ("topology", "model", "tasks", "runs_dir", "cluster")
+#: Fields holding a list of names.
+NAME_LISTS = ("lora_targets", "train_roles")
+
+
+def _content_problem(name: str, value: Any) -> str | None:
+    """What is wrong inside a value of the right type: an empty name, a list of non-strings."""
+    if name in NAMES and isinstance(value, str) and not value.strip():
+        return f"{name} must not be empty"
+    if name in NAME_LISTS and isinstance(value, list):
+        if not value:
+            all_of_them = (
+                "all-linear for every linear layer" if name == "lora_targets" else "None for every role"
+            )
+            return f"{name} must not be an empty list (use {all_of_them})"
+        wrong = [item for item in value if not isinstance(item, str) or not item.strip()]
+        if wrong:
+            return f"{name} must be a list of names (strings), got {wrong[0]!r} in it"
+    if name == "task_options" and isinstance(value, dict):
+        wrong = [key for key in value if not isinstance(key, str) or not key.isidentifier()]
+        if wrong:
+            return f"task_options keys are keyword arguments of the task generator, got {wrong[0]!r}"
+    return None
+
+
 def _type_problem(name: str, annotation: str, value: Any) -> str | None:
     options = [part.strip() for part in annotation.split("|")]
     if value is None:
         return None if "None" in options else f"{name} must be {annotation}, got None"
     for option in options:
+        if option == "None":
+            continue  # the value is not None: one of the other options must hold
         kinds = _KINDS.get(option.split("[")[0])
         if kinds is None:
             return None  # an annotation this check does not know: left to the code that reads it
@@ -99,6 +129,8 @@ def _range_problem(name: str, value: Any) -> str | None:
         if value < least:
             wanted = "a positive integer" if least == 1 else f"an integer >= {least}"
             return f"{name} must be {wanted}, got {value!r}"
+    if name == "seed" and not 0 <= value < SEED_LIMIT:
+        return f"seed must be an integer in [0, 2**63), got {value!r}"
     if name in IN_RANGE:
         low, high, low_in, high_in = IN_RANGE[name]
         below = value < low or (value == low and not low_in)
@@ -114,7 +146,11 @@ def field_problems(config: Any) -> list[str]:
     problems = []
     for spec in dataclasses.fields(config):
         value = getattr(config, spec.name)
-        problem = _type_problem(spec.name, str(spec.type), value) or _range_problem(spec.name, value)
+        problem = (
+            _type_problem(spec.name, str(spec.type), value)
+            or _range_problem(spec.name, value)
+            or _content_problem(spec.name, value)
+        )
         if problem:
             problems.append(problem)
     return problems

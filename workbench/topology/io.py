@@ -29,7 +29,11 @@ def from_dict(data: Any, name: str = "topology") -> Topology:
     try:
         topology = Topology.model_validate(data)
     except ValidationError as e:
-        raise TopologyError(str(data.get("name", name)), problems_from_pydantic(e)) from None
+        given = data.get("name")  # the spec's own name if it has a readable one (it may be garbage)
+        title = given if isinstance(given, str) and given.strip() else name
+        raise TopologyError(
+            title if len(title) <= 100 else title[:100] + "...", problems_from_pydantic(e)
+        ) from None
     return validate(topology)
 
 
@@ -43,22 +47,47 @@ def load(source: str | Path) -> Topology:
             f"no topology '{source}': give a YAML/JSON file or one of the built-ins: {', '.join(library())}"
         )
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise TopologyError(path.name, [Problem("(file)", f"not UTF-8 text: {e}")]) from None
+    except IsADirectoryError:
+        raise TopologyError(path.name, [Problem("(file)", "a directory, not a YAML/JSON file")]) from None
+    return _parse(text, path.stem, path.name)
+
+
+def _parse(text: str, name: str, source: str) -> Topology:
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise TopologyError(path.name, [Problem("(file)", f"not valid YAML: {e}")]) from None
-    return from_dict(data, name=path.stem)
+        raise TopologyError(source, [Problem("(file)", f"not valid YAML: {e}")]) from None
+    except RecursionError:  # PyYAML composes recursively: thousands of nested brackets overflow it
+        raise TopologyError(source, [Problem("(file)", "not valid YAML: nested too deeply")]) from None
+    return from_dict(data, name=name)
 
 
 def to_dict(topology: Topology) -> dict[str, Any]:
     return topology.model_dump(mode="json", exclude_defaults=False)
 
 
+class _Dumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, but a string holding U+0085 (NEL) is double-quoted, where it is escaped: written
+    raw, as PyYAML writes it otherwise, it reads back as a line break folded into a space."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style='"' if "\x85" in value else None)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
 def to_yaml(topology: Topology) -> str:
-    return yaml.safe_dump(to_dict(topology), sort_keys=False, allow_unicode=True, width=100)
+    return yaml.dump(to_dict(topology), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
 
 
 def from_yaml(text: str) -> Topology:
-    return from_dict(yaml.safe_load(text))
+    """Build and validate a topology from YAML (or JSON) text; bad YAML is a ``TopologyError`` too."""
+    return _parse(text, "topology", "topology")
 
 
 def to_json(topology: Topology) -> str:

@@ -8,11 +8,73 @@ episode's variables (``question``, ``task`` and whatever earlier nodes bound).
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
 
 END = "end"
+# How deeply params and options may nest: a spec is stored with every run as JSON.
+MAX_DEPTH = 32
+MAX_VALUES = 100_000  # values in one field (YAML aliases can repeat a list a billion times in a few lines)
+_SCALARS = (str, bool, int, type(None))
+
+
+class PlainDataError(ValueError):
+    """A value in params or options that YAML/JSON cannot hold; ``where`` is its path below the field."""
+
+    def __init__(self, where: str, reason: str):
+        self.where, self.reason = where, reason
+        super().__init__(f"{where}: {reason}")
+
+
+def _plain(value: dict[str, Any]) -> dict[str, Any]:
+    """``value`` if it is what YAML and JSON hold (mappings with string keys, lists, strings, finite
+    numbers, booleans, null) nested at most ``MAX_DEPTH`` deep, ``MAX_VALUES`` in all; tuples become
+    lists. Walked without recursion, so garbage nested thousands deep is refused, not a stack overflow."""
+    out: dict[str, Any] = dict.fromkeys(value)  # keys in their order; values filled in as they are walked
+    todo: list[tuple[Any, Any, Any, str, int]] = [
+        (out, key, item, _below("", key), 1) for key, item in value.items()
+    ]
+    seen = 0
+    while todo:
+        parent, key, item, path, depth = todo.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise PlainDataError(path, f"more than {MAX_VALUES} values in one field")
+        if depth > MAX_DEPTH:
+            raise PlainDataError(path, f"nested deeper than {MAX_DEPTH} levels")
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                raise PlainDataError(path, f"{item} is not a finite number (JSON cannot hold it)")
+            parent[key] = item
+        elif isinstance(item, _SCALARS):
+            parent[key] = item
+        elif isinstance(item, dict):
+            for k in item:
+                if not isinstance(k, str):
+                    raise PlainDataError(path, f"the key {k!r} is not a string")
+            parent[key] = copy = dict.fromkeys(item)
+            todo += [(copy, k, v, _below(path, k), depth + 1) for k, v in item.items()]
+        elif isinstance(item, list | tuple):
+            parent[key] = copy = [None] * len(item)
+            todo += [(copy, i, v, f"{path}[{i}]", depth + 1) for i, v in enumerate(item)]
+        else:
+            raise PlainDataError(
+                path,
+                f"a value of type {type(item).__name__} is not plain data "
+                "(use null, true/false, numbers, strings, lists and mappings)",
+            )
+    return out
+
+
+def _below(path: str, key: str) -> str:
+    plain = key and key.isprintable() and not any(c in key for c in ".[]'\" ") and key.strip() == key
+    return f"{path}.{key}".lstrip(".") if plain else f"{path}[{key!r}]"
+
+
+# Settings and options: plain data, as a YAML or JSON file would hold them.
+PlainData = Annotated[dict[str, Any], AfterValidator(_plain)]
 
 
 class _Spec(BaseModel):
@@ -23,7 +85,7 @@ class Sampling(_Spec):
     """How a role's completions are sampled."""
 
     max_tokens: int = Field(256, ge=1, description="Most tokens one call may generate.")
-    temperature: float = Field(1.0, ge=0.0, description="0 means greedy decoding.")
+    temperature: float = Field(1.0, ge=0.0, allow_inf_nan=False, description="0 means greedy decoding.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     top_k: int | None = Field(
         None,
@@ -114,7 +176,7 @@ class Tool(_Spec):
 
     kind: str = Field(description="Backend kind (bm25, python, web_search, ...) or 'agent'.")
     description: str = ""
-    options: dict[str, Any] = Field(default_factory=dict, description="Options for the tool backend.")
+    options: PlainData = Field(default_factory=dict, description="Options for the tool backend.")
     subflow: str | None = Field(None, description="For kind 'agent': the subflow that runs as this tool.")
     inputs: dict[str, str] = Field(
         default_factory=dict,
@@ -126,7 +188,9 @@ class Tool(_Spec):
     )
     truncate: int | None = Field(None, ge=1, description="Cut the result to this many characters.")
     route: Route | None = None
-    timeout: float = Field(30.0, gt=0, description="Seconds before the call is recorded as timed out.")
+    timeout: float = Field(
+        30.0, gt=0, allow_inf_nan=False, description="Seconds before the call is recorded as timed out."
+    )
 
 
 class Branch(_Spec):
@@ -188,7 +252,7 @@ class AgentNode(_Spec):
     protocol: str = Field(
         "json_tool_call", description="How calls and answers are written (engine.protocols)."
     )
-    protocol_options: dict[str, Any] = Field(default_factory=dict)
+    protocol_options: PlainData = Field(default_factory=dict)
     max_turns: int = Field(10, ge=1, description="Bound on generations in the loop.")
     max_tool_calls: int | None = Field(
         None, ge=0, description="Bound on tool calls; reaching it ends the loop."
@@ -280,7 +344,7 @@ class Topology(_Spec):
 
     name: str
     description: str = ""
-    params: dict[str, Any] = Field(
+    params: PlainData = Field(
         default_factory=dict,
         description="Settings every template can read (e.g. dom: high); overridable per run.",
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +12,17 @@ from pydantic import ValidationError
 
 from workbench.engine.parsers import PARSERS, POSTPROCESS
 from workbench.engine.templating import templates
-from workbench.topology.spec import END, AgentNode, CallNode, DagNode, Flow, MapNode, Role, Topology
+from workbench.topology.spec import (
+    END,
+    AgentNode,
+    CallNode,
+    DagNode,
+    Flow,
+    MapNode,
+    PlainDataError,
+    Role,
+    Topology,
+)
 
 # Variables every episode starts with; inside a routed or agent tool, its call's ``arguments`` too.
 EPISODE_VARIABLES = frozenset({"question", "task", "arguments"})
@@ -44,6 +55,19 @@ class TopologyError(ValueError):
 _NODE_TAGS = {"call", "agent", "map", "dag"}
 
 
+_PLAIN_NAME = re.compile(r"[^\s.\[\]'\"]+(?: [^\s.\[\]'\"]+)*")
+
+
+def _at(parent: str, name: Any) -> str:
+    """The path of ``name`` in the mapping at ``parent``: ``roles.solver``, or ``roles[' ']`` for a name that
+    would not read as one (empty, blank, with dots, brackets or control characters)."""
+    if isinstance(name, int):
+        return f"{parent}[{name}]"
+    text = str(name)
+    step = f".{text}" if _PLAIN_NAME.fullmatch(text) and text.isprintable() else f"[{text!r}]"
+    return f"{parent}{step}".lstrip(".") if parent else step.lstrip(".")
+
+
 def problems_from_pydantic(error: ValidationError) -> list[Problem]:
     out = []
     for e in error.errors():
@@ -53,8 +77,19 @@ def problems_from_pydantic(error: ValidationError) -> list[Problem]:
             for i, p in enumerate(e["loc"])
             if not (i >= 2 and e["loc"][i - 2] == "nodes" and p in _NODE_TAGS)
         ]
-        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
-        out.append(Problem(path or "(top level)", e["msg"]))
+        message, below = e["msg"], ""
+        cause = e.get("ctx", {}).get("error")
+        if isinstance(cause, PlainDataError):  # a value deep inside params or options: name its own path
+            message, below = cause.reason, cause.where
+        if loc and loc[-1] == "[key]":  # a mapping's key is wrong, not its value
+            loc.pop()
+            message = f"the name {loc.pop()!r} is not valid: {message}" if len(loc) > 1 else message
+        path = ""
+        for p in loc:
+            path = _at(path, p)
+        if below:
+            path = f"{path}{'' if below.startswith('[') else '.'}{below}"
+        out.append(Problem(path or "(top level)", message))
     return out
 
 
@@ -64,7 +99,11 @@ def _variables(source: str, path: str, problems: list[Problem], expression: bool
         return set(jinja2.meta.find_undeclared_variables(_env.parse(text)))
     except jinja2.TemplateSyntaxError as e:
         problems.append(Problem(path, f"Jinja2 syntax error: {e.message}; fix the template or expression"))
-        return set()
+    except RecursionError:  # Jinja2 parses recursively: thousands of nested brackets or blocks overflow it
+        problems.append(
+            Problem(path, "nested too deeply for Jinja2 to parse; simplify the template or expression")
+        )
+    return set()
 
 
 def _provided(topology: Topology) -> set[str]:
@@ -87,9 +126,16 @@ def check(topology: Topology) -> list[Problem]:
     problems: list[Problem] = []
     roles = topology.roles
     provided = _provided(topology)
+    named = {"policies": topology.policies, "roles": roles, "tools": topology.tools}
+    named |= {"subflows": topology.subflows, "flow.nodes": topology.flow.nodes}
+    named |= {_at(_at("subflows", n), "nodes"): f.nodes for n, f in topology.subflows.items()}
+    for where, mapping in named.items():
+        for name in mapping:
+            if not name.strip():
+                problems.append(Problem(_at(where, name), "a name must not be empty or blank; rename it"))
 
     for name, role in roles.items():
-        base = f"roles.{name}"
+        base = _at("roles", name)
         if role.policy not in topology.policies:
             problems.append(
                 Problem(f"{base}.policy", f"unknown policy '{role.policy}'; declare it under policies")
@@ -134,7 +180,7 @@ def check(topology: Topology) -> list[Problem]:
         problems += _check_reward(base, role)
 
     for name, tool in topology.tools.items():
-        base = f"tools.{name}"
+        base = _at("tools", name)
         if tool.kind == "agent":
             if tool.subflow not in topology.subflows:
                 problems.append(
@@ -145,6 +191,8 @@ def check(topology: Topology) -> list[Problem]:
                 )
             for var, expr in tool.inputs.items():
                 _variables(expr, f"{base}.inputs.{var}", problems, expression=True)
+            for var, expr in tool.outputs.items():
+                _variables(expr, f"{base}.outputs.{var}", problems, expression=True)
         else:
             kinds = _tool_kinds()
             if kinds and tool.kind not in kinds:
@@ -161,7 +209,7 @@ def check(topology: Topology) -> list[Problem]:
 
     _check_flow(topology, "flow", topology.flow, provided, problems)
     for name, flow in topology.subflows.items():
-        _check_flow(topology, f"subflows.{name}", flow, provided, problems)
+        _check_flow(topology, _at("subflows", name), flow, provided, problems)
     return problems
 
 
@@ -245,7 +293,7 @@ def _check_flow(
             Problem(f"{where}.start", f"unknown node '{flow.start}'; use one of {sorted(flow.nodes)}")
         )
     for name, node in flow.nodes.items():
-        base = f"{where}.nodes.{name}"
+        base = _at(f"{where}.nodes", name)
         if name == END:
             problems.append(Problem(base, f"'{END}' is reserved for the end of an episode; rename the node"))
         role_field, role_name = _role_of(node)
@@ -284,6 +332,10 @@ def _check_flow(
                         f"unknown protocol '{node.protocol}'; known: {', '.join(sorted(PROTOCOLS))}",
                     )
                 )
+            else:
+                problems += _check_protocol(f"{base}.protocol_options", node)
+            if node.final_prompt is not None:
+                _variables(node.final_prompt, f"{base}.final_prompt", problems, expression=False)
         if isinstance(node, MapNode):
             _variables(node.over, f"{base}.over", problems, expression=True)
         for var, expr in getattr(node, "bind", {}).items():
@@ -319,8 +371,31 @@ def _check_flow(
     for name in flow.nodes:
         if name not in reachable and flow.start in flow.nodes:
             problems.append(
-                Problem(f"{where}.nodes.{name}", "unreachable from start; connect it or remove it")
+                Problem(_at(f"{where}.nodes", name), "unreachable from start; connect it or remove it")
             )
+
+
+def _check_protocol(path: str, node: AgentNode) -> list[Problem]:
+    """Options the node's protocol does not take, lacks, or cannot use (the engine builds it from them)."""
+    from workbench.engine.protocols import make_protocol
+
+    options = node.protocol_options
+    try:
+        make_protocol(node.protocol, **options)
+    except (TypeError, ValueError) as e:
+        message = re.sub(r"^[\w.]*\(\) ", "", str(e))  # "Tags.__init__() got ..." -> "got ..."
+        return [Problem(path, f"{message}; see workbench.engine.protocols for the {node.protocol} options")]
+    out = [
+        Problem(f"{path}.{key}", f"must be a string, not {type(value).__name__}")
+        for key, value in options.items()
+        if not isinstance(value, str)
+    ]
+    out += [
+        Problem(f"{path}.{key}", "must not be empty: the protocol finds calls by it")
+        for key in ("begin", "end")
+        if options.get(key) == ""
+    ]
+    return out
 
 
 def _role_of(node: CallNode | AgentNode | MapNode | DagNode) -> tuple[str, str]:
