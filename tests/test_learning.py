@@ -1,37 +1,43 @@
-"""Real learning on a CPU: MarsRL's Solver and Verifier on SmolLM2-135M both get better on held-out problems.
+"""Real learning on a CPU: MarsRL's Solver and Verifier on SmolLM2-135M, scored before and after one run.
 
 The topology is the library's MarsRL at CPU scale: its Solver and Verifier roles, prompts and
 agent-specific rewards (Solver: its answer; Verifier: its verdict against the true correctness of the
 solution it judged), one verification round, grouped rollouts picking 1 Solver output per problem
-(adaptive: wrong ones first), 16-token completions sampled among the 50 likeliest tokens (sampling
-from the whole vocabulary at temperature 1, a 135M model spends much of each group on junk tokens
-and the run learns less in its 15 steps). Single-digit addition, asked for "just the number"
-(where the base model is partly right, per DESIGN.md). Held-out scores are greedy, on 64 problems of
-another seed, before the first update and after the last; each must rise by more than two standard
-errors. The base Verifier almost never writes a verdict within 16 tokens (format failures score 0), so
-much of its rise is learning to give one; the TP/FP/TN/FN counts are in the run's metrics.
+(adaptive: wrong ones first), 16-token completions sampled among the 50 likeliest tokens (from the whole
+vocabulary at temperature 1 a 135M model spends much of each group on junk tokens). Single-digit
+addition, asked for "just the number" (where the base model is partly right, per DESIGN.md). One run of
+15 steps serves both tests.
 
-One run serves both tests. The Solver's rise is reliable (3.0 standard errors in each of two runs here).
-The Verifier's is not, so its test is an expected failure until it is: it rose 0.00 -> 0.59 in one run,
-and in two later runs its greedy output after training copied the Solver's answer (one shared policy,
-and in most steps every Verifier group has one reward, so no gradient); an XPASS shows a run where it rose.
-Its score is measured on the Solver's greedy solutions, so "always Correct" scores the Solver's accuracy
-(a verdict-first prompt did exactly that, 0.69 -> 0.97 here, and 0.50 on a fixed balanced set both
-before and after): an XPASS needs the TP/FP/TN/FN counts read before it is believed.
+The Solver is scored greedily on 64 held-out problems before the first update and after the last.
+
+The Verifier is scored on a fixed, balanced judging set: 64 held-out problems, each shown once with its
+right sum and once with a sum off by 1 to 3, so a Verifier that always says "Correct" (or always "Wrong")
+scores 0.5. Scoring it on the Solver's own greedy solutions, as the run's ``eval/verifier1/reward`` does,
+rewards "always Correct" with the Solver's accuracy. The trained model is taken out of the run with
+``workbench.rl.export.export_model`` and judged by ``wb.rollout`` like the base model. To pass, the
+Verifier must rise by more than two standard errors and beat guessing by more than two: learning to
+write a verdict at all (the base model rarely does within 16 tokens) is not enough. It does not pass yet,
+so the test is an expected failure; the README has what was tried and measured.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from pathlib import Path
 
 import pytest
 
 import workbench as wb
+from workbench.rewards.assign import verdict_of
 from workbench.rl.config import TrainConfig
+from workbench.rl.export import export_model
 from workbench.rl.loop import run_training
+from workbench.tasks import Task, generate
 from workbench.topology import from_dict, to_dict
 from workbench.training import create
+
+N_HELD_OUT = 64
 
 
 def marsrl_cpu() -> wb.Topology:
@@ -48,6 +54,54 @@ def marsrl_cpu() -> wb.Topology:
     return from_dict(spec)
 
 
+def judging_topology() -> wb.Topology:
+    """The CPU Verifier alone (its prompt and sampling as trained), judging the candidate each task carries."""
+    verifier = to_dict(marsrl_cpu())["roles"]["verifier1"]
+    for message in verifier["messages"]:
+        message["content"] = message["content"].replace("{{ solution }}", "{{ task.metadata.candidate }}")
+    verifier["reward"] = {"kind": "none"}
+    verify = {"call": "verifier1", "bind": {"verdict": "parsed.verdict"}, "next": [{"goto": "end"}]}
+    return from_dict(
+        {
+            "name": "marsrl-verifier-judging",
+            "policies": {"base": {}},
+            "roles": {"verifier1": verifier},
+            "flow": {"start": "verify", "answer": "{{ verdict }}", "nodes": {"verify": verify}},
+        }
+    )
+
+
+def judging_set(n: int, seed: int) -> list[Task]:
+    """``n`` held-out problems, each twice: with its right sum and with a sum off by 1 to 3."""
+    out = []
+    for task in generate("arithmetic", n=n, seed=seed, level=1, format="plain"):
+        right = int(task.answer)
+        offsets = [d for d in (-3, -2, -1, 1, 2, 3) if right + d >= 0]
+        wrong = right + random.Random(task.id).choice(offsets)
+        for candidate, correct in ((right, True), (wrong, False)):
+            metadata = {**task.metadata, "candidate": str(candidate), "candidate_correct": correct}
+            out.append(Task(f"{task.id}-{candidate}", task.question, task.answer, task.verifier, metadata))
+    return out
+
+
+def verdict_accuracy(model: str | Path, tasks: list[Task], runs_dir: Path) -> tuple[float, dict[str, int]]:
+    """Greedy verdict accuracy on ``tasks`` and its confusion counts (no verdict counts as not right)."""
+    result = wb.rollout(
+        judging_topology(), tasks, model=str(model), runs_dir=runs_dir, sampling={"temperature": 0.0}
+    )
+    by_id = {t.id: t for t in tasks}
+    counts = dict.fromkeys(("TP", "FP", "TN", "FN", "none"), 0)
+    for episode in result.episodes:
+        verdict = verdict_of(episode.calls[0])
+        truth = by_id[episode.task_id].metadata["candidate_correct"]
+        if verdict is None:
+            counts["none"] += 1
+        else:
+            said = verdict == "correct"
+            counts[("T" if said == truth else "F") + ("P" if said else "N")] += 1
+    return (counts["TP"] + counts["TN"]) / len(tasks), counts
+
+
 def _rise_in_standard_errors(before: float, after: float, n: int) -> float:
     se = math.sqrt((before * (1 - before) + after * (1 - after)) / n)
     return (after - before) / max(se, 1e-9)
@@ -60,7 +114,7 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
         tasks="arithmetic",
         task_options={"level": 1, "format": "plain"},
         n_tasks=200,
-        eval_tasks=64,
+        eval_tasks=N_HELD_OUT,
         eval_every=0,
         steps=15,
         batch_size=4,
@@ -75,25 +129,34 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     return run_dir, config.steps
 
 
-def _assert_rises(run: tuple[Path, int], metric: str, n: int = 64) -> None:
-    run_dir, steps = run
-    wide = wb.RunReader(run_dir).metrics_wide()
-    before, after = wide.loc[0, metric], wide.loc[steps, metric]
+def _assert_rises(before: float, after: float, n: int, what: str) -> None:
     rise = _rise_in_standard_errors(before, after, n)
-    print(f"{metric}: {before:.3f} -> {after:.3f} ({rise:.1f} standard errors)")
-    assert before < 0.9, f"{metric} must start well below the ceiling"
-    assert rise > 2.0, f"{metric}: {before:.3f} -> {after:.3f} is {rise:.1f} SE"
+    print(f"{what}: {before:.3f} -> {after:.3f} ({rise:.1f} standard errors)")
+    assert before < 0.9, f"{what} must start well below the ceiling"
+    assert rise > 2.0, f"{what}: {before:.3f} -> {after:.3f} is {rise:.1f} SE"
 
 
 @pytest.mark.slow
 def test_marsrl_solver_improves_on_held_out_problems(trained_run):
-    _assert_rises(trained_run, "eval/solver/reward")
+    run_dir, steps = trained_run
+    wide = wb.RunReader(run_dir).metrics_wide()
+    metric = "eval/solver/reward"
+    _assert_rises(wide.loc[0, metric], wide.loc[steps, metric], N_HELD_OUT, metric)
 
 
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=False,
-    reason="the Verifier's verdict accuracy rose in 1 of 3 runs; see the module docstring and the README",
+    reason="the Verifier has not yet learned to tell right sums from wrong ones here; see the README",
 )
-def test_marsrl_verifier_improves_on_held_out_problems(trained_run):
-    _assert_rises(trained_run, "eval/verifier1/reward")
+def test_marsrl_verifier_improves_on_a_balanced_judging_set(trained_run, tmp_path):
+    run_dir, _ = trained_run
+    tasks = judging_set(N_HELD_OUT, seed=12345)
+    trained = export_model(run_dir, tmp_path / "trained", topology=marsrl_cpu())
+    before, before_counts = verdict_accuracy("smollm2-135m", tasks, tmp_path / "runs")
+    after, after_counts = verdict_accuracy(trained, tasks, tmp_path / "runs")
+    print(f"judging set before {before_counts}, after {after_counts}")
+    what = "Verifier verdict accuracy on the balanced judging set"
+    _assert_rises(before, after, len(tasks), what)
+    beats_guessing = (after - 0.5) / math.sqrt(0.25 / len(tasks))
+    assert beats_guessing > 2.0, f"{what}: {after:.3f} beats guessing (0.5) by {beats_guessing:.1f} SE only"

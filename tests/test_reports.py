@@ -113,7 +113,7 @@ def test_reproduce_marsrl_draws_every_figure_from_the_runs(run_dir, tmp_path, ca
     assert (accuracy["ylabel"], recall["ylabel"]) == ("accuracy", "recall")
     confusion = {
         k: wide[[c for c in wide if c.endswith(f"verifier/{k}")]].sum(axis=1)
-        for k in ("tp", "tn", "fp", "fn")
+        for k in ("tp", "tn", "fp", "fn", "no_verdict")
     }
     total = sum(confusion.values())
     expected = ((confusion["tp"] + confusion["tn"]) / total).dropna()

@@ -111,3 +111,42 @@ def test_mars_balancing_gives_exactly_g_system1_samples_per_question(mode, count
 def _split(total: int, parts: int, rng: random.Random) -> list[int]:
     cuts = sorted(rng.randint(0, total) for _ in range(parts - 1))
     return [b - a for a, b in zip([0, *cuts], [*cuts, total], strict=True)]
+
+
+def test_verdict_balancing_keeps_as_many_groups_judging_right_solutions_as_wrong_ones():
+    topology = wb.load_topology("marsrl")
+    roles = dict(topology.roles)
+    reward = roles["verifier1"].reward.model_copy(update={"balance": "verdicts"})
+    roles["verifier1"] = roles["verifier1"].model_copy(update={"reward": reward})
+    topology = topology.model_copy(update={"roles": roles})
+    solutions_right = [True, True, True, True, True, False, False, True]  # 6 right, 2 wrong
+    episodes = []
+    for i, right in enumerate(solutions_right):  # a Verifier group of 4 forks per solution
+        calls = [_call("solver", 0, float(right))]
+        for j in range(4):  # the last solution's Verifiers all agree: no gradient
+            call = _call("verifier1", 1 + j, float(j % 2 == 0 if i < 7 else True), source=0)
+            call.rewards["judged_correct"] = float(right)
+            calls.append(call)
+        episodes.append(EpisodeRecord("q", "q", i, calls=calls))
+    samples = from_episodes(episodes)
+    stats = compute_advantages(samples, episodes, topology)
+    out = balance(samples, topology, group_size=4, rng=random.Random(0), stats=stats)
+    kept = [s for s in out if s.role == "verifier1"]
+    with_gradient = {s.group for s in kept if s.advantage != 0}
+    judged = [next(s for s in kept if s.group == g).rewards["judged_correct"] for g in with_gradient]
+    assert sorted(judged) == [0.0, 0.0, 1.0, 1.0], (
+        "2 groups judging wrong solutions, 2 of the 5 judging right"
+    )
+    assert all(sum(s.group == g for s in kept) == 4 for g in with_gradient), "groups are kept whole"
+    assert sum(s.advantage == 0 for s in kept) == 4, "the group without a gradient stays"
+    assert stats.balanced["verifier1"] == (32, 20)
+    assert sum(s.role == "solver" for s in out) == 8, "other roles are untouched"
+
+
+def test_verdict_balancing_is_refused_for_a_role_without_verdicts():
+    spec = wb.topology.to_dict(wb.load_topology("marsrl"))
+    spec["roles"]["solver"]["reward"]["balance"] = "verdicts"
+    with pytest.raises(
+        wb.topology.TopologyError, match=r"roles\.solver\.reward\.balance.*needs kind verdict"
+    ):
+        wb.topology.from_dict(spec)

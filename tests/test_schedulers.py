@@ -15,6 +15,7 @@ from workbench.backends.hf import HFBackend
 from workbench.backends.segmented import SegmentedBackend
 from workbench.backends.wrapper import BackendWrapper
 from workbench.models import load
+from workbench.rl import loop
 from workbench.rl.loop import run_training
 from workbench.rl.loss import LossConfig
 from workbench.rl.samples import Sample
@@ -96,6 +97,34 @@ def test_pipeline_batches_new_solvers_with_earlier_verifiers_and_trains_every_sc
     # one step's rollout batch: new problems' Solvers beside the last step's problems' Verifiers
     step1 = rewarded[rewarded["timings"].map(lambda t: t["trained_step"]) == 1]
     assert {"solver", "verifier1"} <= set(step1["role"])
+
+
+def test_the_pipeline_forgets_the_calls_of_finished_groups_so_a_reused_id_still_trains(tmp_path, monkeypatch):
+    """Stored episodes are freed and Python reuses their ids: a new call whose id was still marked
+    "handed to training" would never train (the benchmark lost 4 to 13 of 480 samples that way)."""
+    checked = []
+    original = loop.make_scheduler
+
+    def watched(*args, **kwargs):
+        scheduler = original(*args, **kwargs)
+        rollout = scheduler.rollout
+
+        def checked_rollout(step):
+            got = rollout(step)
+            stored = [id(c) for e in got.episodes for c in e.calls]
+            checked.append((len(stored), not set(stored) & scheduler.taken))
+            return got
+
+        scheduler.rollout = checked_rollout
+        return scheduler
+
+    monkeypatch.setattr(loop, "make_scheduler", watched)
+    config = _config(tmp_path, scheduler="pipeline", steps=3, batch_size=2, group_size=2, checkpoint_every=10)
+    run_dir = create(config)
+    assert run_here(run_dir) == "finished"
+    assert sum(n for n, _ in checked) > 0 and all(forgotten for _, forgotten in checked)
+    calls = wb.RunReader(run_dir).calls()
+    assert calls[calls["rewards"].notna()]["advantage"].notna().all()
 
 
 def test_a_resumed_pipeline_loses_and_repeats_no_group(tmp_path):

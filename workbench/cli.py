@@ -1,4 +1,4 @@
-"""The ``workbench`` command: models, topologies, tasks, rollouts, runs and the demo."""
+"""The ``workbench`` command: models, topologies, tasks, rollouts, training, export, runs and the demo."""
 
 from __future__ import annotations
 
@@ -134,6 +134,14 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from workbench.rl.export import export_model
+
+    out = export_model(args.run_dir, args.out, policy=args.policy)
+    print(f"trained weights of {args.run_dir} written to {out} (serve it as model: {out})")
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     from widgets.serve import serve
 
@@ -214,6 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its newest checkpoint")
     p.add_argument("--help-config", action="store_true", help="list every config field with its help")
     p.set_defaults(func=_train)
+
+    p = sub.add_parser("export", help="write a run's trained model as a transformers checkpoint directory")
+    p.add_argument("run_dir", help="the training run (its newest checkpoint is exported)")
+    p.add_argument("out", help="directory to write (config, safetensors weights, tokenizer)")
+    p.add_argument("--policy", help="which policy, for runs with several (default: the first)")
+    p.set_defaults(func=_export)
 
     p = sub.add_parser("runs", help="list the runs in a directory")
     p.add_argument("runs_dir", nargs="?", default="runs")

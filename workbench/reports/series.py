@@ -101,20 +101,21 @@ def verifier_detection(runs: Mapping[str, Path], roles: Sequence[str] | None = N
 
     The store counts verdicts with "the solution is correct" as positive (``verifier/tp`` = said
     correct and was). MarsRL's recall takes a flagged error as positive: recall = errors flagged
-    Wrong / all wrong solutions = tn / (tn + fp). Both are pooled over the verifier roles.
+    Wrong / wrong solutions judged = tn / (tn + fp). Accuracy counts a call with no verdict
+    (``verifier/no_verdict``) as not right, as its reward does. Both are pooled over the verifier roles.
     """
     rows = []
     for label, run_dir in runs.items():
         with RunReader(run_dir) as reader:
-            counts = reader.metrics(name=[f"verifier/{k}" for k in ("tp", "fp", "tn", "fn")])
+            counts = reader.metrics(name=[f"verifier/{k}" for k in ("tp", "fp", "tn", "fn", "no_verdict")])
         counts = counts[counts["role"].notna()]
         if roles:
             counts = counts[counts["role"].isin(roles)]
         pooled = counts.pivot_table(index="step", columns="name", values="value", aggfunc="sum").fillna(0.0)
-        for key in ("tp", "fp", "tn", "fn"):
+        for key in ("tp", "fp", "tn", "fn", "no_verdict"):
             pooled[key] = pooled.get(f"verifier/{key}", 0.0)
         for step, c in pooled.iterrows():
-            total = c["tp"] + c["fp"] + c["tn"] + c["fn"]
+            total = c["tp"] + c["fp"] + c["tn"] + c["fn"] + c["no_verdict"]
             wrong = c["tn"] + c["fp"]
             rows.append({"run": label, "step": int(step), "series": "accuracy",
                          "value": (c["tp"] + c["tn"]) / total if total else float("nan")})  # fmt: skip

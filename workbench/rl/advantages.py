@@ -106,16 +106,24 @@ def balance(
     Down-sampling draws without replacement; up-sampling adds duplicates drawn with replacement. The
     ``advantage_weighted`` mode draws proportionally to ``|advantage|`` (plus a small floor, so samples
     with zero advantage can still be drawn). A task with no sample of the role stays without one.
+    ``verdicts`` (verifier roles) is another kind: see :func:`balance_verdicts`.
     """
     out: list[Sample] = []
     per_task: dict[tuple[str, Any], list[Sample]] = defaultdict(list)
+    verdicts: dict[str, list[Sample]] = defaultdict(list)
     for sample in samples:
         mode = topology.roles[sample.role].reward.balance if sample.role in topology.roles else "none"
         if mode == "none":
             out.append(sample)
+        elif mode == "verdicts":
+            verdicts[sample.role].append(sample)
         else:
             per_task[(sample.role, sample.group[1] if len(sample.group) > 1 else None)].append(sample)
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for role, members in verdicts.items():
+        chosen = balance_verdicts(members, rng)
+        counts[role] = [len(members), len(chosen)]
+        out.extend(chosen)
     for (role, _), members in per_task.items():
         mode = topology.roles[role].reward.balance
         weights = [abs(s.advantage) + 1e-3 for s in members] if mode == "advantage_weighted" else None
@@ -130,6 +138,30 @@ def balance(
     if stats is not None:
         stats.balanced.update({role: (before, after) for role, (before, after) in counts.items()})
     return out
+
+
+def balance_verdicts(members: list[Sample], rng: random.Random) -> list[Sample]:
+    """A verifier role's advantage groups, as many judging a correct solution as judging a wrong one.
+
+    Only groups that carry a gradient (some advantage not 0) are counted and dropped: whole groups of the
+    more common kind are drawn out at random. Without this, a step whose Solver was mostly right trains
+    the Verifier mostly to say "Correct", whatever it reads: the prior, not the check.
+    """
+    groups: dict[Any, list[Sample]] = defaultdict(list)
+    for sample in members:
+        groups[sample.group].append(sample)
+    kept: list[Sample] = []
+    by_truth: dict[bool, list[list[Sample]]] = {True: [], False: []}
+    for group in groups.values():
+        if "judged_correct" not in group[0].rewards or all(s.advantage == 0 for s in group):
+            kept += group
+        else:
+            by_truth[group[0].rewards["judged_correct"] >= 1.0].append(group)
+    n = min(len(by_truth[True]), len(by_truth[False]))
+    for side in by_truth.values():
+        for group in rng.sample(side, n):
+            kept += group
+    return kept
 
 
 def _draw_without_replacement(

@@ -90,9 +90,14 @@ def latest(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def trained_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The trained tensors kept in the checkpoint at ``path``, keyed ``policy/parameter``."""
+    return torch.load(Path(path) / "weights.pt", weights_only=True)
+
+
 def load(path: Path, policies: Any, optimizer: Any) -> dict[str, Any]:
     """Restore weights, optimizer and RNG states from ``path``; returns the saved trainer state."""
-    policies.load_state(torch.load(path / "weights.pt", weights_only=True))
+    policies.load_state(trained_weights(path))
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
     rng = torch.load(path / "rng.pt", weights_only=False)
     random.setstate(rng["python"])

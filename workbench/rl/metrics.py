@@ -52,10 +52,13 @@ def rollout_metrics(
                 bucket["reward"].append(call.rewards.get("reward", 0.0))
                 bucket["accuracy"].append(call.rewards.get("accuracy", 0.0))
             if "judged_correct" in call.rewards:
-                said_correct = verdict_of(call) == "correct"
+                verdict = verdict_of(call)
                 was_correct = call.rewards["judged_correct"] >= 1.0
-                key = {(True, True): "tp", (True, False): "fp", (False, False): "tn", (False, True): "fn"}
-                bucket[f"verifier/{key[(said_correct, was_correct)]}"].append(1.0)
+                if verdict is None:  # no verdict is not a "Wrong": counted apart
+                    bucket["verifier/no_verdict"].append(1.0)
+                else:
+                    key = {(True, True): "tp", (True, False): "fp", (False, False): "tn", (False, True): "fn"}
+                    bucket[f"verifier/{key[(verdict == 'correct', was_correct)]}"].append(1.0)
     if lengths:
         overall.update(
             {
@@ -83,10 +86,13 @@ def rollout_metrics(
             out["reward/mean"] = _mean(bucket["reward"])
             out["reward/std"] = float(np.std(bucket["reward"]))
             out["accuracy"] = _mean(bucket["accuracy"])
-        confusion = {k: float(len(bucket.get(f"verifier/{k}", []))) for k in ("tp", "fp", "tn", "fn")}
+        confusion = {
+            k: float(len(bucket.get(f"verifier/{k}", []))) for k in ("tp", "fp", "tn", "fn", "no_verdict")
+        }
         if any(confusion.values()):
             out.update({f"verifier/{k}": v for k, v in confusion.items()})
-            out["verifier/verdict_accuracy"] = (confusion["tp"] + confusion["tn"]) / sum(confusion.values())
+            right = confusion["tp"] + confusion["tn"]
+            out["verifier/verdict_accuracy"] = right / sum(confusion.values())  # no verdict: not right
         roles[role] = out
     return overall, roles
 

@@ -128,11 +128,12 @@ class RewardRule(_Spec):
         "task",
         description="Advantage groups: per task and role, or per role and input (the call it consumed; MarsRL).",
     )
-    balance: Literal["none", "random", "advantage_weighted"] = Field(
+    balance: Literal["none", "random", "advantage_weighted", "verdicts"] = Field(
         "none",
         description=(
             "After advantages: resample this role to exactly G samples per task (MARS's System 1): random "
-            "down/up-sampling, or drawn in proportion to |advantage|."
+            "down/up-sampling, or drawn in proportion to |advantage|; or, for a verdict role, keep as many "
+            "advantage groups judging correct solutions as wrong ones (verdicts)."
         ),
     )
 

@@ -235,6 +235,13 @@ def _check_reward(base: str, role: Role) -> list[Problem]:
                     f"a judge scores answers; it needs kind outcome or answer, not {rule.kind}",
                 )
             )
+    if rule.balance == "verdicts" and rule.kind != "verdict":
+        out.append(
+            Problem(
+                f"{base}.reward.balance",
+                f"balance verdicts weighs what a verdict judged; it needs kind verdict, not {rule.kind}",
+            )
+        )
     if rule.kind == "verdict" and role.parser != "verdict":
         out.append(
             Problem(

@@ -63,7 +63,7 @@ class PipelineScheduler:
         self.parked = 0  # groups waiting at the gate for the next level
         self.release: asyncio.Event | None = None
         self.quiet: asyncio.Event | None = None
-        self.taken: set[int] = set()  # ids of calls handed to training
+        self.taken: set[int] = set()  # ids of the calls of unfinished groups handed to training
         self.ready: dict[int, tuple[EpisodeRecord, list[CallRecord]]] = {}
         self.finished: list[EpisodeRecord] = []
         self.failure: BaseException | None = None
@@ -109,6 +109,9 @@ class PipelineScheduler:
         finished, self.finished = self.finished, []
         for record in finished:  # calls scored only at the end (outcome, parent rules)
             self._collect(record)
+            # its calls go to the store and may be freed: Python reuses the ids of freed objects, and a
+            # new call whose id were still in ``taken`` would never train
+            self.taken.difference_update(id(c) for c in record.calls)
         train = [view(record, calls) for record, calls in self.ready.values()]
         self.ready = {}
         return finished, train

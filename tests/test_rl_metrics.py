@@ -1,0 +1,35 @@
+"""Per-role rollout metrics: the Verifier's confusion counts against the truth of what it judged."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_rl_advantages import _call
+from workbench.engine.records import CallRecord, EpisodeRecord
+from workbench.rl.metrics import rollout_metrics
+
+
+def verifier_call(verdict: str | None, judged_correct: bool) -> CallRecord:
+    accuracy = float(verdict is not None and (verdict == "correct") == judged_correct)
+    call = _call("verifier1", 1, accuracy, source=0)
+    call.parsed = None if verdict is None else {"verdict": verdict, "report": ""}
+    call.format_error = "no verdict" if verdict is None else None
+    call.rewards.update(accuracy=accuracy, judged_correct=float(judged_correct))
+    return call
+
+
+def test_a_verifier_that_writes_no_verdict_is_counted_apart_not_as_saying_wrong():
+    verdicts = [
+        ("correct", True),
+        ("correct", False),
+        ("wrong", False),
+        ("wrong", True),
+        (None, False),
+        (None, True),
+    ]
+    episode = EpisodeRecord("t", "g", 0, calls=[verifier_call(v, c) for v, c in verdicts])
+    _, roles = rollout_metrics([episode])
+    got = {k: roles["verifier1"][f"verifier/{k}"] for k in ("tp", "fp", "tn", "fn", "no_verdict")}
+    assert got == {"tp": 1.0, "fp": 1.0, "tn": 1.0, "fn": 1.0, "no_verdict": 2.0}
+    assert roles["verifier1"]["verifier/verdict_accuracy"] == pytest.approx(2 / 6)
+    assert roles["verifier1"]["verifier/verdict_accuracy"] == pytest.approx(roles["verifier1"]["reward/mean"])
