@@ -219,11 +219,10 @@ def test_a_group_of_two_trainer_ranks_applies_the_update_one_trainer_applies(ray
     topology = wb.load_topology("marsrl")
     if cfg.policy_per_role:
         topology = per_role_policies(topology)
-    lora = {"r": cfg.lora_rank, "lora_alpha": cfg.lora_alpha, "target_modules": cfg.lora_targets}
 
     def policy_set() -> PolicySet:
         model, tokenizer = load_model("tiny")
-        return PolicySet(topology, model, tokenizer, cfg.policies, lora)
+        return PolicySet.from_config(topology, model, tokenizer, cfg)
 
     alone, driver = policy_set(), policy_set()
     driver.load_state(alone.state())

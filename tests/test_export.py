@@ -30,8 +30,7 @@ def trained_run(tmp_path, policies: str = "shared"):
     if config.policy_per_role:
         topology = per_role_policies(topology)
     model, tokenizer = load_model("tiny")
-    lora = {"r": config.lora_rank, "lora_alpha": config.lora_alpha, "target_modules": config.lora_targets}
-    policy_set = PolicySet(topology, model, tokenizer, config.policies, lora)
+    policy_set = PolicySet.from_config(topology, model, tokenizer, config)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for model in policy_set.unique_models().values():

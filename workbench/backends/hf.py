@@ -52,7 +52,8 @@ class HFBackend:
         self._worker: asyncio.Task | None = None
 
     async def generate(self, request: GenerationRequest) -> list[Generation]:
-        request = self._within_context(request)
+        # past its context the model would read positions it was never trained on (or index out of range)
+        request = fit_to_context(request, getattr(self.model.config, "max_position_embeddings", None))
         loop = asyncio.get_running_loop()
         if self._worker is None or self._worker.done() or self._worker.get_loop() is not loop:
             self._wakeup = asyncio.Event()
@@ -61,10 +62,6 @@ class HFBackend:
         self._queue.append((request, future))
         self._wakeup.set()
         return await future
-
-    def _within_context(self, request: GenerationRequest) -> GenerationRequest:
-        # past its context the model would read positions it was never trained on (or index out of range)
-        return fit_to_context(request, getattr(self.model.config, "max_position_embeddings", None))
 
     async def _serve(self) -> None:
         while True:

@@ -40,12 +40,7 @@ class TrainerRank:
         self.rank, self.size = rank, size
         model, tokenizer = load_model(self.config.model)
         self.ref = copy.deepcopy(model).eval() if self.config.kl_coef else None
-        lora = {
-            "r": self.config.lora_rank,
-            "lora_alpha": self.config.lora_alpha,
-            "target_modules": self.config.lora_targets,
-        }
-        self.policies = PolicySet(from_dict(spec), model, tokenizer, self.config.policies, lora)
+        self.policies = PolicySet.from_config(from_dict(spec), model, tokenizer, self.config)
         self.trainer: Any = None
 
     def address(self) -> str:

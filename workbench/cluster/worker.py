@@ -27,12 +27,7 @@ class RolloutWorker:
         self.config = TrainConfig.from_dict(config)
         topology = from_dict(spec)
         model, tokenizer = load_model(self.config.model)
-        lora = {
-            "r": self.config.lora_rank,
-            "lora_alpha": self.config.lora_alpha,
-            "target_modules": self.config.lora_targets,
-        }
-        self.policies = PolicySet(topology, model, tokenizer, self.config.policies, lora)
+        self.policies = PolicySet.from_config(topology, model, tokenizer, self.config)
         for model in self.policies.unique_models().values():
             model.eval()
         self.backends = self.policies.backends(self.config.backend, self.config.model)

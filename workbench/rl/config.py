@@ -19,14 +19,15 @@ from workbench.api_keys import url_hides_secrets
 from workbench.rl.config_checks import field_problems
 from workbench.rl.loss import LossConfig
 from workbench.rl.trainer import OptimConfig
+from workbench.yaml_dumper import SafeDumper
 
 
 class _YamlLoader(yaml.SafeLoader):
     """YAML as written by hand: ``1e-5`` is a number (PyYAML's YAML 1.1 reads it as a string)."""
 
 
-class _YamlDumper(yaml.SafeDumper):
-    """Writes what ``_YamlLoader`` reads back the same: a string such as '1e-5' is quoted."""
+class _YamlDumper(SafeDumper):
+    """Writes what ``_YamlLoader`` reads back the same: a string such as '1e-5' is quoted (NEL too)."""
 
 
 for _yaml in (_YamlLoader, _YamlDumper):
@@ -37,14 +38,6 @@ for _yaml in (_YamlLoader, _YamlDumper):
         ),  # a digit before e
         list("-+0123456789."),
     )
-
-
-def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    # U+0085 (NEL) written raw reads back as a line break folded into a space: double quotes escape it
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style='"' if "\x85" in value else None)
-
-
-_YamlDumper.add_representer(str, _represent_str)
 
 
 def load_yaml(text: str) -> Any:

@@ -43,8 +43,7 @@ def export_model(
     if policy not in names:
         raise ValueError(f"run {run_dir.name} has no policy {policy!r}; its policies are {', '.join(names)}")
     model, tokenizer = load_model(config.model)
-    lora = {"r": config.lora_rank, "lora_alpha": config.lora_alpha, "target_modules": config.lora_targets}
-    policies = PolicySet(topology, model, tokenizer, config.policies, lora)
+    policies = PolicySet.from_config(topology, model, tokenizer, config)
     policies.load_state(checkpoint.trained_weights(latest))
     trained = policies.activate(policy)
     if config.policies == "lora":

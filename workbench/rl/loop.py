@@ -107,8 +107,7 @@ def run_training(
     scheduler = trainer = None
     try:
         model, tokenizer = load_model(config.model)
-        lora = {"r": config.lora_rank, "lora_alpha": config.lora_alpha, "target_modules": config.lora_targets}
-        policies = PolicySet(topology, model, tokenizer, config.policies, lora)
+        policies = PolicySet.from_config(topology, model, tokenizer, config)
         if config.cluster_trainers:
             from workbench.cluster import TrainerGroup
             from workbench.topology import to_dict

@@ -46,6 +46,12 @@ def per_role_policies(topology: Topology) -> Topology:
 
 
 class PolicySet:
+    @classmethod
+    def from_config(cls, topology: Topology, model: Any, tokenizer: Any, config: Any) -> PolicySet:
+        """The policy set a ``TrainConfig`` asks for: its layout and its LoRA settings."""
+        lora = {"r": config.lora_rank, "lora_alpha": config.lora_alpha, "target_modules": config.lora_targets}
+        return cls(topology, model, tokenizer, config.policies, lora)
+
     def __init__(
         self, topology: Topology, model: Any, tokenizer: Any, mode: str = "shared", lora: dict | None = None
     ):

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from workbench.topology.spec import Topology
 from workbench.topology.validate import Problem, TopologyError, problems_from_pydantic, validate
+from workbench.yaml_dumper import SafeDumper
 
 LIBRARY = Path(__file__).parent / "library"
 
@@ -69,20 +70,8 @@ def to_dict(topology: Topology) -> dict[str, Any]:
     return topology.model_dump(mode="json", exclude_defaults=False)
 
 
-class _Dumper(yaml.SafeDumper):
-    """PyYAML's safe dumper, but a string holding U+0085 (NEL) is double-quoted, where it is escaped: written
-    raw, as PyYAML writes it otherwise, it reads back as a line break folded into a space."""
-
-
-def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style='"' if "\x85" in value else None)
-
-
-_Dumper.add_representer(str, _represent_str)
-
-
 def to_yaml(topology: Topology) -> str:
-    return yaml.dump(to_dict(topology), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100)
+    return yaml.dump(to_dict(topology), Dumper=SafeDumper, sort_keys=False, allow_unicode=True, width=100)
 
 
 def from_yaml(text: str) -> Topology:
