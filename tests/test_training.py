@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 
@@ -11,9 +12,10 @@ import workbench as wb
 from workbench.rewards import register
 from workbench.rl.config import TrainConfig
 from workbench.rl.loop import run_training, task_order
+from workbench.store import NotARunStoreError
 from workbench.tasks import generate
 from workbench.topology import from_dict
-from workbench.training import create, run_here
+from workbench.training import create, run_config, run_here
 
 
 @register("has_digit")
@@ -138,6 +140,28 @@ def test_resume_continues_after_the_checkpoint_and_redoes_later_steps(tmp_path):
     episodes = reader.episodes()
     assert episodes.groupby("step").size().to_dict() == {0: 4, 1: 4, 2: 4}, "no step lost or duplicated"
     assert reader.integrity_check() == "ok"
+
+
+def test_a_run_killed_before_its_config_file_was_written_still_trains_from_its_store(tmp_path):
+    config = _config(tmp_path, steps=1)
+    run_dir = create(config)
+    (run_dir / "train_config.yaml").unlink()  # the kill came between the store and the config file
+    assert run_config(run_dir) == config
+    assert (run_dir / "train_config.yaml").exists(), "the file is written back for the next resume"
+    (run_dir / "train_config.yaml").unlink()
+    assert run_here(run_dir) == "finished"
+    assert list(wb.RunReader(run_dir).steps()["step"]) == [0]
+
+
+def test_a_run_killed_while_its_store_was_made_says_so(tmp_path):
+    run_dir = create(_config(tmp_path, steps=1))
+    (run_dir / "train_config.yaml").unlink()
+    with sqlite3.connect(
+        run_dir / "run.db"
+    ) as connection:  # the kill came before the run's row was committed
+        connection.execute("DELETE FROM runs")
+    with pytest.raises(NotARunStoreError, match="no run row"):
+        run_config(run_dir)
 
 
 class RecordingHandle:

@@ -109,7 +109,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from workbench.rl.config import TrainConfig, load_yaml
-    from workbench.training import CONFIG_FILE, create, run_here
+    from workbench.training import CONFIG_FILE, create, run_config, run_here
 
     if args.help_config:
         print(TrainConfig.help())
@@ -123,7 +123,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.resume:
         run_dir = Path(args.resume)
         if overrides:
-            merged = {**TrainConfig.from_yaml(run_dir / CONFIG_FILE).to_dict(), **overrides}
+            merged = {**run_config(run_dir).to_dict(), **overrides}
             (run_dir / CONFIG_FILE).write_text(TrainConfig.from_dict(merged).to_yaml())
     else:
         base = TrainConfig.from_yaml(args.config).to_dict() if args.config else {}

@@ -165,10 +165,30 @@ def train(
     return launch(run_dir, run_here)
 
 
+def run_config(run_dir: str | Path) -> TrainConfig:
+    """The training config of the run in ``run_dir``.
+
+    A run killed after its store was made but before ``train_config.yaml`` was written still has the
+    config in its store: it is read from there and the file is written, so the run can be resumed.
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / CONFIG_FILE
+    if not path.exists() and (run_dir / "config.yaml").exists():
+        from workbench.store import RunReader
+
+        stored = RunReader(run_dir).config
+        if stored.get("kind") != "train":
+            raise ValueError(f"{run_dir} is not a training run (its config has kind {stored.get('kind')!r})")
+        config = TrainConfig.from_dict({k: v for k, v in stored.items() if k != "kind"})
+        write_run_file(path, config.to_yaml())
+        return config
+    return TrainConfig.from_yaml(path)
+
+
 def resume(run_dir: str | Path, **overrides: Any) -> BackgroundRun:
     """Continue a stopped or killed run from its newest checkpoint, in a background process."""
     run_dir = Path(run_dir)
-    config = TrainConfig.from_dict({**TrainConfig.from_yaml(run_dir / CONFIG_FILE).to_dict(), **overrides})
+    config = TrainConfig.from_dict({**run_config(run_dir).to_dict(), **overrides})
     write_run_file(run_dir / CONFIG_FILE, config.to_yaml())
     with storage_errors(run_dir / STOP_FILE):
         (run_dir / STOP_FILE).unlink(missing_ok=True)
@@ -229,7 +249,7 @@ def run_here(run_dir: str | Path) -> str:
     from workbench.topology import load
 
     run_dir = Path(run_dir)
-    config = TrainConfig.from_yaml(run_dir / CONFIG_FILE)
+    config = run_config(run_dir)
     topology = load(run_dir / TOPOLOGY_FILE) if (run_dir / TOPOLOGY_FILE).exists() else None
     tasks = load_tasks(run_dir / TASKS_FILE) if (run_dir / TASKS_FILE).exists() else None
     stop_file = run_dir / STOP_FILE

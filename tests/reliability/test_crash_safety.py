@@ -31,8 +31,8 @@ import pytest
 
 import workbench as wb
 from workbench.rl.config import TrainConfig
-from workbench.store import RunStore
-from workbench.training import BackgroundRun
+from workbench.store import RunStore, StoreError
+from workbench.training import BackgroundRun, run_config
 
 STEPS, BATCH, GROUP, CHECKPOINT_EVERY, KEEP = 8, 2, 2, 2, 2
 RUNS, KILLS_PER_RUN = 4, 5  # 20 kills of a training process
@@ -171,6 +171,15 @@ def _under_way(run_dir: Path, stored: int, since: float) -> str:
     return "a step's rollout or update" if stored else "start-up or first step"
 
 
+def _was_made(run_dir: Path) -> bool:
+    """Whether the killed process got as far as making the run (its store has the run's row)."""
+    try:
+        run_config(run_dir)
+    except (FileNotFoundError, StoreError):
+        return False
+    return True
+
+
 def _expected_tasks(run_dir: Path) -> dict[int, list[str]]:
     """Task ids of each step, as the loop draws them (a seeded shuffle per epoch), each GROUP times."""
     from workbench.rl.loop import load_tasks_for, task_order
@@ -235,7 +244,7 @@ def test_a_training_run_killed_at_random_points_resumes_every_time_without_gaps_
         kill = _kill_at_random_point(process, run_dir, rng, log, offset)
         kills.append(kill)
         offset = log.stat().st_size
-        if not (run_dir / "train_config.yaml").exists():  # killed before the run was made: make it again
+        if not _was_made(run_dir):  # killed before the run was made: make it again
             shutil.rmtree(run_dir, ignore_errors=True)
             process = _train_cli(log, *fresh)
             continue

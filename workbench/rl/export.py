@@ -24,15 +24,14 @@ def export_model(
     and ``ValueError`` naming the run's policies for an unknown ``policy``.
     """
     from workbench.models import load as load_model
-    from workbench.rl.config import TrainConfig
     from workbench.topology import load as load_topology
-    from workbench.training import CONFIG_FILE, TOPOLOGY_FILE
+    from workbench.training import TOPOLOGY_FILE, run_config
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     latest = checkpoint.latest(run_dir)
     if latest is None:
         raise FileNotFoundError(f"{run_dir} has no complete checkpoint to export; train it for a step first")
-    config = TrainConfig.from_yaml(run_dir / CONFIG_FILE)
+    config = run_config(run_dir)
     if topology is None:
         stored = run_dir / TOPOLOGY_FILE
         topology = load_topology(stored if stored.exists() else config.topology)
