@@ -330,6 +330,24 @@ def test_requests_ready_a_tick_apart_share_one_batch(tiny_model_path):
     backend.close()
 
 
+def test_rows_sharing_a_prompt_are_prefilled_once(tiny_model_path, reference, prompts):
+    """A group's samples of one prompt share its prefill (one forward row per distinct prompt) and still
+    sample apart, each with the log-probs of its own tokens."""
+    backend = make_backend("hf", str(tiny_model_path))
+    rows = []
+    backend.model.register_forward_pre_hook(
+        lambda m, a, kw: rows.append(kw["input_ids"].shape), with_kwargs=True
+    )
+    group = GenerationRequest(prompts["chat"], max_tokens=8, temperature=1.0, n=4)
+    other = GenerationRequest(prompts["raw"], max_tokens=8, temperature=1.0, n=2)  # same settings: one batch
+    (*gens,), (*more,) = generate(backend, group, other)
+    backend.close()
+    assert rows[0][0] == 2 and rows[1][0] == 6  # the prefill: two distinct prompts; then six rows decode
+    assert len({tuple(g.completion_ids) for g in gens}) > 1, "the copies sampled alike"
+    for prompt, gen in [(prompts["chat"], g) for g in gens] + [(prompts["raw"], g) for g in more]:
+        assert gen.logprobs == pytest.approx(reference.logprobs(prompt, gen.completion_ids), abs=1e-3)
+
+
 def test_policy_version_is_copied_to_every_generation(backend, prompts):
     assert isinstance(backend, Backend)
     backend.policy_version = 7

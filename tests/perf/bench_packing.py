@@ -26,6 +26,12 @@ per-sample blocks (like flash-attention's varlen kernels on a GPU) only each sam
 same tokens as an [8, budget/8] batch (no padding anywhere). The run also checks that all paths give
 the same log-probs. Timings on a shared 2-core machine are noisy: each round's times are kept
 (``fwd_bwd_s_all``) with their median and minimum.
+
+``groups`` measures shared prefixes on what a grouped GRPO step holds: 8 prompts that open with the
+same few-shot transcript (160 tokens) and differ in a 20-token question, each read by a group of 4
+samples (completions lognormal, median 20): per-sample blocks with every prompt laid out for every
+sample (``packed_blocks``) against rows that lay a shared prefix out once (``shared``), fwd+bwd side
+by side under the same token budget.
 """
 
 from __future__ import annotations
@@ -44,7 +50,13 @@ from typing import Any
 import torch
 
 from tests.perf.runner import write_json
-from workbench.rl.packing import collate, plan_micro_batches, token_logprobs, use_block_attention
+from workbench.rl.packing import (
+    collate,
+    plan_micro_batches,
+    plan_shared_micro_batches,
+    token_logprobs,
+    use_block_attention,
+)
 from workbench.rl.samples import Sample
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "packing.json"
@@ -67,6 +79,65 @@ def make_samples(n: int, vocab: int, budget: int, seed: int = 0) -> list[Sample]
             )
         )
     return samples
+
+
+def make_groups(vocab: int, prompts: int = 8, group: int = 4, seed: int = 0) -> list[Sample]:
+    """``prompts`` x ``group`` samples: one 160-token transcript, a 20-token question per prompt, completions
+    lognormal (median 20, sigma 0.5), in the order a rollout stores them (a group's samples together)."""
+    rng = random.Random(f"packing:groups:{seed}")
+    shot = [rng.randrange(vocab) for _ in range(160)]
+    samples = []
+    for _ in range(prompts):
+        prompt = shot + [rng.randrange(vocab) for _ in range(20)]
+        for _ in range(group):
+            n = max(1, round(rng.lognormvariate(math.log(20), 0.5)))
+            completion = [rng.randrange(vocab) for _ in range(n)]
+            samples.append(Sample(list(prompt), completion, [1] * n, [0.0] * n))
+    return samples
+
+
+def _shared_logprobs(
+    model: Any, samples: list[Sample], indices: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    use_block_attention(model)
+    try:
+        batch = collate(samples, indices, share_prefixes=True)
+        logprobs, _ = token_logprobs(model, batch)
+        return logprobs, batch.mask
+    finally:
+        model.set_attn_implementation("sdpa")
+
+
+def _groups(model: Any, budget: int, repeats: int) -> dict[str, Any]:
+    """Per-sample blocks against shared prefixes on grouped samples, side by side (see the module docstring)."""
+    samples = make_groups(model.config.vocab_size)
+    plans = {
+        "packed_blocks": plan_micro_batches(samples, budget),
+        "shared": plan_shared_micro_batches(samples, budget),
+    }
+    scorers = {"packed_blocks": _block_logprobs, "shared": _shared_logprobs}
+    seconds: dict[str, list[float]] = {name: [] for name in plans}
+    logprobs = {}
+    for round_ in range(repeats):
+        for name in list(plans)[round_ % 2 :] + list(plans)[: round_ % 2]:
+            wall, logprobs[name] = _step(model, samples, plans[name], scorers[name])
+            seconds[name].append(wall)
+    model.zero_grad(set_to_none=True)
+    computed = {
+        name: sum(collate(samples, b, share_prefixes=name == "shared").n_tokens for b in plan)
+        for name, plan in plans.items()
+    }
+    median = {name: statistics.median(times) for name, times in seconds.items()}
+    return {
+        "description": "8 prompts (a shared 160-token transcript + a 20-token question) x 4 samples each",
+        "real_tokens": sum(s.n_tokens for s in samples),
+        "computed_tokens": computed,
+        "micro_batches": {name: len(plan) for name, plan in plans.items()},
+        "fwd_bwd_s": {name: round(m, 3) for name, m in median.items()},
+        "fwd_bwd_s_all": {name: [round(x, 3) for x in times] for name, times in seconds.items()},
+        "blocks_vs_shared": round(median["packed_blocks"] / median["shared"], 3),
+        "max_logprob_difference": (logprobs["shared"] - logprobs["packed_blocks"]).abs().max().item(),
+    }
 
 
 def padded_batches(lengths: list[int], budget: int, order: list[int]) -> list[list[int]]:
@@ -223,6 +294,7 @@ def run(model_name: str, n_samples: int, budget: int, repeats: int) -> dict[str,
     model.zero_grad(set_to_none=True)
     difference = max((logprobs[n] - logprobs["packed"]).abs().max().item() for n in TIMED)
 
+    groups = _groups(model, budget, repeats)
     real = sum(lengths)
     packed_s = statistics.median(seconds["packed"])
     strategies: dict[str, Any] = {}
@@ -285,8 +357,9 @@ def run(model_name: str, n_samples: int, budget: int, repeats: int) -> dict[str,
             "attention_scores_packed_row": (8 * width) ** 2,
             "attention_scores_batch": 8 * width**2,
         },
+        "groups": groups,
         "max_logprob_difference": difference,
-        "same_logprobs": difference < 1e-3,
+        "same_logprobs": difference < 1e-3 and groups["max_logprob_difference"] < 1e-3,
         "machine": {
             "python": platform.python_version(),
             "torch": torch.__version__,
@@ -323,6 +396,12 @@ def table(results: dict[str, Any]) -> str:
         f"  attention layout alone, {lay['description']}: {lay['packed_row_s']:.2f} s "
         f"({lay['packed_row_vs_batch']:.2f}x), per-sample blocks {lay['packed_row_blocks_s']:.2f} s "
         f"({lay['packed_row_blocks_vs_batch']:.2f}x), batch {lay['batch_s']:.2f} s"
+    )
+    groups = results["groups"]
+    lines.append(
+        f"  grouped samples, {groups['description']}: per-sample blocks {groups['fwd_bwd_s']['packed_blocks']:.2f} s "
+        f"({groups['computed_tokens']['packed_blocks']:,} tokens), shared prefixes {groups['fwd_bwd_s']['shared']:.2f} s "
+        f"({groups['computed_tokens']['shared']:,} tokens): {groups['blocks_vs_shared']:.2f}x"
     )
     lines.append(
         f"  same log-probs on every path: {results['same_logprobs']} (max diff {results['max_logprob_difference']:.1e})"

@@ -99,7 +99,7 @@ def _binpack(r: dict) -> list[dict]:
 
 def _packing(r: dict) -> list[dict]:
     runs = r["strategies"]
-    return [
+    figures = [
         headline(
             f"{name} vs packed",
             runs[name]["time_vs_packed"],
@@ -108,6 +108,16 @@ def _packing(r: dict) -> list[dict]:
         for name in ("padded_sorted", "padded_unsorted", "packed_blocks")
         if runs.get(name, {}).get("time_vs_packed") is not None
     ]
+    if "groups" in r:
+        figures.append(
+            headline(
+                "shared prefixes (groups)",
+                r["groups"]["blocks_vs_shared"],
+                "per-sample blocks fwd+bwd time / shared-prefix rows time, 8 prompts x 4 samples sharing a "
+                "few-shot transcript (> 1 = faster)",
+            )
+        )
+    return figures
 
 
 def _store(r: dict) -> list[dict]:

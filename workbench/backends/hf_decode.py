@@ -7,6 +7,10 @@ end-of-sequence unless ``ignore_eos``, or a stop string), drops them from the ba
 Log-probs are taken from the same forward passes: the raw model distribution's log-probability of
 each sampled token (before temperature, as vLLM reports them).
 
+Rows with the same prompt (a GRPO group's G samples of one input) are prefilled once: the prompt's
+forward runs on one copy and its cache and last logits are copied to every row that shares it, which
+then sample on their own.
+
 Sampling follows transformers' order: temperature, then top-k, then top-p.
 """
 
@@ -39,14 +43,18 @@ def decode(
     mask = attention
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
+    firsts, copy_of = _distinct_rows(input_ids, mask)
     logits = model(
-        input_ids=input_ids,
-        attention_mask=mask,
-        position_ids=positions,
+        input_ids=input_ids[firsts],
+        attention_mask=mask[firsts],
+        position_ids=positions[firsts],
         past_key_values=cache,
         use_cache=True,
         logits_to_keep=1,
     ).logits[:, -1]
+    if len(firsts) < len(rows):  # every row gets its prompt's cache and logits
+        cache.batch_select_indices(copy_of)
+        logits = logits[copy_of]
     position = positions[:, -1:] + 1
     while True:
         token = _sample(logits, first)
@@ -73,6 +81,19 @@ def decode(
             use_cache=True,
         ).logits[:, -1]
         position = position + 1
+
+
+def _distinct_rows(input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first row of each distinct (ids, mask) pair, and for every row the position of its pair among them."""
+    seen: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+    firsts, copy_of = [], []
+    for r, (ids, m) in enumerate(zip(input_ids.tolist(), mask.tolist(), strict=True)):
+        key = (tuple(ids), tuple(m))
+        if key not in seen:
+            seen[key] = len(firsts)
+            firsts.append(r)
+        copy_of.append(seen[key])
+    return torch.tensor(firsts), torch.tensor(copy_of)
 
 
 def _sample(logits: torch.Tensor, request: GenerationRequest) -> torch.Tensor:

@@ -31,6 +31,17 @@ saves: 20 long-tailed samples under a 1,024-token budget took 18.1 s packed agai
 :func:`use_block_attention` switches a model to ``"packed_sdpa"``, sdpa on each sample's own causal
 block: the 8 x 128 row then costs 1.02x the batch and the 20 samples 13.5 s. Inputs that are not one
 packed row (generation, padded batches) go to plain sdpa unchanged.
+
+Shared prefixes. A GRPO group's G samples share their prompt, and a few-shot role's prompts share their
+examples: computing (and back-propagating through) each copy is most of a step when prompts are long and
+completions short. With ``share_prefixes`` a sample's tokens that equal the start of the sequence laid
+out just before it are left out of the row: its segment starts at the position where it departs (its
+position ids start there, not at 0), and ``packed_sdpa`` lets that segment attend to those first
+positions of the path it continues. The row is a prefix tree in depth-first order, each segment's first
+position id saying how much of the path before it is its own; log-probs and gradients are those of the
+samples computed one by one (the prefix's activations get the gradients of every sample that reads
+them). Only ``packed_sdpa`` reads a row that way, so :func:`token_logprobs` refuses a shared row on any
+other attention.
 """
 
 from __future__ import annotations
@@ -41,7 +52,7 @@ from typing import Any
 
 import torch
 
-from workbench.rl.binpack import ffd_pack
+from workbench.rl.binpack import BinPackingError, ffd_pack
 from workbench.rl.samples import Sample
 
 
@@ -55,6 +66,46 @@ def plan_micro_batches(samples: Sequence[Sample], token_budget: int) -> list[lis
     """
     packing = ffd_pack([s.n_tokens for s in samples], token_budget)
     return [sorted(items) for items in packing.bins]
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for k in range(n):
+        if a[k] != b[k]:
+            return k
+    return n
+
+
+def _shared(sample: Sample, path: Sequence[int]) -> int:
+    """Leading tokens of ``sample`` the row can take from ``path`` (the sequence laid out before it): all of
+    its prompt they have in common but the last token, which stays to predict the first completion token."""
+    return max(0, min(_common_prefix(sample.prompt_ids, path), len(sample.prompt_ids) - 1))
+
+
+def plan_shared_micro_batches(samples: Sequence[Sample], token_budget: int) -> list[list[int]]:
+    """Sample indices per micro-batch for rows that share prefixes (``collate(..., share_prefixes=True)``).
+
+    Samples are ordered by their prompt ids, so equal prompts (a GRPO group) and prompts that start alike
+    (a few-shot role's) lie next to each other, then cut into consecutive runs whose row, each sample
+    counted without the prefix it shares with the one before, holds at most ``token_budget`` tokens (a
+    sample alone over the budget gets a micro-batch of its own). Deterministic; every index once.
+    """
+    if not isinstance(token_budget, int) or isinstance(token_budget, bool) or token_budget < 1:
+        raise BinPackingError(f"token_budget must be a positive int, got {token_budget!r}")
+    order = sorted(range(len(samples)), key=lambda i: (samples[i].prompt_ids, i))
+    plan: list[list[int]] = []
+    used = 0
+    path: list[int] = []
+    for i in order:
+        sample = samples[i]
+        cost = sample.n_tokens - (_shared(sample, path) if plan else 0)
+        if not plan or used + cost > token_budget:
+            plan.append([])
+            cost, used = sample.n_tokens, 0
+        plan[-1].append(i)
+        used += cost
+        path = sample.prompt_ids + sample.completion_ids
+    return plan
 
 
 @dataclass
@@ -72,6 +123,7 @@ class PackedBatch:
     target_ids: torch.Tensor  # [N] the completion token ids
     indices: list[int]  # the samples' indices in the list given to collate
     mask: torch.Tensor  # [N] bool, the samples' ``mask`` concatenated: True where the token trains
+    shared_tokens: int = 0  # tokens left out of the row because a sample took them from the path before it
 
     @property
     def n_tokens(self) -> int:
@@ -81,18 +133,21 @@ class PackedBatch:
     def to(self, device: torch.device | str) -> PackedBatch:
         """The same batch with its tensors on ``device``."""
         move = {k: getattr(self, k).to(device) for k in _TENSOR_FIELDS}
-        return PackedBatch(**move, indices=list(self.indices))
+        return PackedBatch(**move, indices=list(self.indices), shared_tokens=self.shared_tokens)
 
 
 _TENSOR_FIELDS = ("input_ids", "position_ids", "sample_index", "completion_positions", "target_ids", "mask")
 
 
-def collate(samples: Sequence[Sample], indices: list[int]) -> PackedBatch:
+def collate(samples: Sequence[Sample], indices: list[int], share_prefixes: bool = False) -> PackedBatch:
     """Pack ``samples[i] for i in indices`` into one row, in the order of ``indices``.
 
     Samples with an empty or fully masked completion are fine (they add context tokens only, or
     tokens whose ``mask`` is 0). A sample with a non-empty completion needs a non-empty prompt: its
     first completion token is predicted from the last prompt token.
+
+    ``share_prefixes``: a sample's prompt tokens that equal the start of the sample laid out before it
+    are not repeated (see the module docstring); the row then needs ``packed_sdpa`` attention.
     """
     if not indices:
         raise ValueError("a micro-batch needs at least one sample index")
@@ -102,6 +157,8 @@ def collate(samples: Sequence[Sample], indices: list[int]) -> PackedBatch:
     completion_positions: list[int] = []
     targets: list[int] = []
     mask: list[int] = []
+    shared_tokens = 0
+    path: list[int] = []
     for k, i in enumerate(indices):
         sample = samples[i]
         prompt, completion = sample.prompt_ids, sample.completion_ids
@@ -115,10 +172,13 @@ def collate(samples: Sequence[Sample], indices: list[int]) -> PackedBatch:
                 f"sample {i} has a completion but an empty prompt: nothing predicts its first token; "
                 "give it at least one prompt token (e.g. BOS)"
             )
-        start = len(ids) + len(prompt)  # row position of the first completion token
-        ids += prompt
+        shared = _shared(sample, path) if share_prefixes else 0
+        shared_tokens += shared
+        start = len(ids) + len(prompt) - shared  # row position of the first completion token
+        ids += prompt[shared:]
         ids += completion
-        positions += range(len(prompt) + len(completion))
+        positions += range(shared, len(prompt) + len(completion))
+        path = prompt + completion
         sample_index += [k] * len(completion)
         completion_positions += range(start - 1, start - 1 + len(completion))
         targets += completion
@@ -133,6 +193,7 @@ def collate(samples: Sequence[Sample], indices: list[int]) -> PackedBatch:
         target_ids=torch.tensor(targets, dtype=torch.long),
         indices=list(indices),
         mask=torch.tensor(mask, dtype=torch.bool),
+        shared_tokens=shared_tokens,
     )
 
 
@@ -173,11 +234,42 @@ def _block_attention(
         bounds = _segments(position_ids.reshape(1, -1))
     if bounds is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    pieces = [
-        sdpa_attention_forward(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, **kwargs)[0]
-        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
-    ]
+    starts = position_ids.reshape(-1)[bounds[:-1]].tolist()
+    pieces = []
+    path: list[
+        tuple[int, int]
+    ] = []  # row spans holding positions 0, 1, ... of the path the next segment continues
+    for a, b, start in zip(bounds[:-1], bounds[1:], starts, strict=True):
+        context = _first_positions(path, start)
+        if not context:
+            out = sdpa_attention_forward(
+                module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, **kwargs
+            )
+        else:  # a shared-prefix segment: the path's first ``start`` positions, then its own causal block
+            keys = torch.cat([key[:, :, x:y] for x, y in context] + [key[:, :, a:b]], dim=2)
+            values = torch.cat([value[:, :, x:y] for x, y in context] + [value[:, :, a:b]], dim=2)
+            visible = torch.ones(b - a, start + b - a, dtype=torch.bool, device=query.device).tril(start)
+            out = sdpa_attention_forward(
+                module, query[:, :, a:b], keys, values, visible[None, None], **kwargs
+            )
+        pieces.append(out[0])
+        path = [*context, (a, b)]
     return torch.cat(pieces, dim=1), None  # [1, T, heads, head_dim], as sdpa_attention_forward returns
+
+
+def _first_positions(path: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
+    """The row spans of ``path`` that hold its first ``n`` positions."""
+    out, left = [], n
+    for x, y in path:
+        if left <= 0:
+            break
+        out.append((x, min(y, x + left)))
+        left -= y - x
+    if left > 0:
+        raise ValueError(
+            f"a packed segment starts at position {n} but the path before it has only {n - left}"
+        )
+    return out
 
 
 def use_block_attention(model: Any) -> Any:
@@ -223,6 +315,11 @@ def token_logprobs(
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 (the sampler's temperature), got {temperature!r}")
     _check_attention(model)
+    if batch.shared_tokens and model.config._attn_implementation != BLOCK_ATTENTION:
+        raise ValueError(
+            f"this row shares {batch.shared_tokens} prefix tokens between samples, which only "
+            f"{BLOCK_ATTENTION!r} attention reads (use_block_attention); collate it with share_prefixes=False"
+        )
     device = model.get_input_embeddings().weight.device
     if batch.input_ids.device != device:
         batch = batch.to(device)

@@ -21,7 +21,13 @@ import torch
 
 from workbench.rl.data_parallel import Shard
 from workbench.rl.loss import LossConfig, LossTerms, policy_loss
-from workbench.rl.packing import collate, plan_micro_batches, token_logprobs, use_block_attention
+from workbench.rl.packing import (
+    collate,
+    plan_micro_batches,
+    plan_shared_micro_batches,
+    token_logprobs,
+    use_block_attention,
+)
 from workbench.rl.samples import Sample
 
 
@@ -39,6 +45,7 @@ class OptimConfig:
     temperature: float = 1.0  # logits are divided by the sampling temperature, as the engine did
     measure_role_gradients: bool = True
     block_attention: bool = True  # attention per sample inside packed rows (no masked-out blocks computed)
+    share_prefixes: bool = True  # with block_attention: a prompt shared by several samples is computed once
     seed: int = 0
     loss: LossConfig = field(default_factory=LossConfig)
 
@@ -65,7 +72,7 @@ class PolicyTrainer:
         self.config = config
         self.ref_model = ref_model
         if config.block_attention:
-            for model in {id(m): m for m in models.values()}.values():
+            for model in {id(m): m for m in [*models.values(), ref_model] if m is not None}.values():
                 use_block_attention(model)
         unique: dict[int, torch.nn.Parameter] = {}
         for model in models.values():
@@ -145,6 +152,10 @@ class PolicyTrainer:
 
     # ------------------------------------------------------------------ internals
 
+    @property
+    def _sharing(self) -> bool:
+        return self.config.block_attention and self.config.share_prefixes
+
     def _needs_old(self, samples: Sequence[Sample]) -> bool:
         """The trainer's own pre-update log-probs are needed unless the single update is on-policy."""
         cfg = self.config
@@ -167,7 +178,7 @@ class PolicyTrainer:
         """Per-token log-probs of ``samples[i] for i in indices`` (the other entries are left empty)."""
         out: list[torch.Tensor] = [torch.empty(0)] * len(samples)
         for micro in self._plan(samples, indices):
-            batch = collate(samples, micro)
+            batch = collate(samples, micro, share_prefixes=self._sharing)
             model = model_of(samples[micro[0]])
             model.eval()
             logps, _ = token_logprobs(model, batch, self.config.temperature)
@@ -181,8 +192,9 @@ class PolicyTrainer:
         for i in indices:
             by_role[(samples[i].role, samples[i].policy)].append(i)
         plan = []
+        planner = plan_shared_micro_batches if self._sharing else plan_micro_batches
         for members in by_role.values():
-            for micro in plan_micro_batches([samples[i] for i in members], self.config.token_budget):
+            for micro in planner([samples[i] for i in members], self.config.token_budget):
                 plan.append([members[j] for j in micro])
         return plan
 
@@ -215,7 +227,7 @@ class PolicyTrainer:
         touched = torch.zeros(len(self.parameters), dtype=torch.float64)
         for role in roles if measure else [None]:
             for micro in self._plan(trained, [i for i in mine if role is None or trained[i].role == role]):
-                batch = collate(trained, micro)
+                batch = collate(trained, micro, share_prefixes=self._sharing)
                 model = self.activate(trained[micro[0]].policy)
                 model.train()
                 logps, entropy = token_logprobs(model, batch, cfg.temperature, with_entropy=True)
