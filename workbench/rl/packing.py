@@ -220,7 +220,8 @@ def _block_attention(
 
     A packed row is recognised from the position ids alone (batch of one, no cache offset, positions
     restarting), and each block is causal: padding inside a packed row is not supported (``collate``
-    never makes any).
+    never makes any). A block whose positions start at p > 0 continues the path laid out before it: it
+    also sees that path's first p positions (shared prefixes, module docstring).
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -236,9 +237,8 @@ def _block_attention(
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     starts = position_ids.reshape(-1)[bounds[:-1]].tolist()
     pieces = []
-    path: list[
-        tuple[int, int]
-    ] = []  # row spans holding positions 0, 1, ... of the path the next segment continues
+    # row spans holding positions 0, 1, ... of the path the next segment continues
+    path: list[tuple[int, int]] = []
     for a, b, start in zip(bounds[:-1], bounds[1:], starts, strict=True):
         context = _first_positions(path, start)
         if not context:
