@@ -37,6 +37,7 @@ by side under the same token budget.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import platform
@@ -96,18 +97,6 @@ def make_groups(vocab: int, prompts: int = 8, group: int = 4, seed: int = 0) -> 
     return samples
 
 
-def _shared_logprobs(
-    model: Any, samples: list[Sample], indices: list[int]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    use_block_attention(model)
-    try:
-        batch = collate(samples, indices, share_prefixes=True)
-        logprobs, _ = token_logprobs(model, batch)
-        return logprobs, batch.mask
-    finally:
-        model.set_attn_implementation("sdpa")
-
-
 def _groups(model: Any, budget: int, repeats: int) -> dict[str, Any]:
     """Per-sample blocks against shared prefixes on grouped samples, side by side (see the module docstring)."""
     samples = make_groups(model.config.vocab_size)
@@ -115,7 +104,7 @@ def _groups(model: Any, budget: int, repeats: int) -> dict[str, Any]:
         "packed_blocks": plan_micro_batches(samples, budget),
         "shared": plan_shared_micro_batches(samples, budget),
     }
-    scorers = {"packed_blocks": _block_logprobs, "shared": _shared_logprobs}
+    scorers = {"packed_blocks": _block_logprobs, "shared": functools.partial(_block_logprobs, share=True)}
     seconds: dict[str, list[float]] = {name: [] for name in plans}
     logprobs = {}
     for round_ in range(repeats):
@@ -180,19 +169,19 @@ def _padded_logprobs(
 
 
 def _block_logprobs(
-    model: Any, samples: list[Sample], indices: list[int]
+    model: Any, samples: list[Sample], indices: list[int], share: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     use_block_attention(model)
     try:
-        return _packed_logprobs(model, samples, indices)
+        return _packed_logprobs(model, samples, indices, share)
     finally:
         model.set_attn_implementation("sdpa")
 
 
 def _packed_logprobs(
-    model: Any, samples: list[Sample], indices: list[int]
+    model: Any, samples: list[Sample], indices: list[int], share: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    batch = collate(samples, indices)
+    batch = collate(samples, indices, share_prefixes=share)
     logprobs, _ = token_logprobs(model, batch)
     return logprobs, batch.mask
 

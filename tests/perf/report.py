@@ -98,6 +98,17 @@ def render_backends(r: dict) -> str:
     return "\n".join(lines)
 
 
+def _render_groups(groups: dict | None) -> str:
+    if groups is None:  # results from before the grouped-samples measurement
+        return ""
+    seconds, tokens = groups["fwd_bwd_s"], groups["computed_tokens"]
+    return (
+        f"Grouped samples ({groups['description']}): per-sample blocks {seconds['packed_blocks']:.2f} s over "
+        f"{tokens['packed_blocks']:,} tokens, shared prefixes {seconds['shared']:.2f} s over {tokens['shared']:,}: "
+        f"{groups['blocks_vs_shared']:.2f}x. "
+    )
+
+
 def render_packing(r: dict) -> str:
     lengths, m = r["lengths"], r["machine"]
     lines = [
@@ -126,14 +137,7 @@ def render_packing(r: dict) -> str:
         f"\nThe attention layout alone ({layout['description']}): masked row {layout['packed_row_s']:.2f} s "
         f"({layout['packed_row_vs_batch']:.2f}x the batch), per-sample blocks {layout['packed_row_blocks_s']:.2f} s "
         f"({layout['packed_row_blocks_vs_batch']:.2f}x), batch {layout['batch_s']:.2f} s. "
-        + (
-            f"Grouped samples ({r['groups']['description']}): per-sample blocks "
-            f"{r['groups']['fwd_bwd_s']['packed_blocks']:.2f} s over {r['groups']['computed_tokens']['packed_blocks']:,} "
-            f"tokens, shared prefixes {r['groups']['fwd_bwd_s']['shared']:.2f} s over "
-            f"{r['groups']['computed_tokens']['shared']:,}: {r['groups']['blocks_vs_shared']:.2f}x. "
-            if "groups" in r
-            else ""
-        )
+        + _render_groups(r.get("groups"))
         + f"Same log-probs on every path: {'yes' if r['same_logprobs'] else 'no'} "
         f"(max difference {r['max_logprob_difference']:.1e})."
     )

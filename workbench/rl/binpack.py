@@ -51,7 +51,8 @@ class Packing:
         return {item: b for b, items in enumerate(self.bins) for item in items}
 
 
-def _check(sizes: Sequence[int], capacity: int) -> list[int]:
+def check_sizes(sizes: Sequence[int], capacity: int) -> list[int]:
+    """``sizes`` as ints, or ``BinPackingError`` for a capacity that is not a positive int or a negative size."""
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
         raise BinPackingError(f"bin capacity must be a positive int (tokens), got {capacity!r}")
     values = [int(s) for s in sizes]
@@ -78,7 +79,7 @@ def ffd_pack(sizes: Sequence[int], capacity: int) -> Packing:
     Items larger than ``capacity`` are marked truncated and each put alone in a bin (first, in
     input order). Every item lands in exactly one bin and no bin's load exceeds ``capacity``.
     """
-    values = _check(sizes, capacity)
+    values = check_sizes(sizes, capacity)
     oversize, order = _split(values, capacity)
     packing = Packing(capacity, [[i] for i in oversize], [capacity] * len(oversize), list(oversize))
     if not order:
@@ -139,7 +140,7 @@ def ffd_pack(sizes: Sequence[int], capacity: int) -> Packing:
 
 def ffd_pack_naive(sizes: Sequence[int], capacity: int) -> Packing:
     """The same packing by the plain loops of the MARS sketch, O(items x bins); the reference."""
-    values = _check(sizes, capacity)
+    values = check_sizes(sizes, capacity)
     oversize, order = _split(values, capacity)
     packing = Packing(capacity, [[i] for i in oversize], [capacity] * len(oversize), list(oversize))
     bins: list[list[int]] = []

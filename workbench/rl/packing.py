@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from workbench.rl.binpack import BinPackingError, ffd_pack
+from workbench.rl.binpack import check_sizes, ffd_pack
 from workbench.rl.samples import Sample
 
 
@@ -90,8 +90,7 @@ def plan_shared_micro_batches(samples: Sequence[Sample], token_budget: int) -> l
     counted without the prefix it shares with the one before, holds at most ``token_budget`` tokens (a
     sample alone over the budget gets a micro-batch of its own). Deterministic; every index once.
     """
-    if not isinstance(token_budget, int) or isinstance(token_budget, bool) or token_budget < 1:
-        raise BinPackingError(f"token_budget must be a positive int, got {token_budget!r}")
+    check_sizes([], token_budget)
     order = sorted(range(len(samples)), key=lambda i: (samples[i].prompt_ids, i))
     plan: list[list[int]] = []
     used = 0
@@ -178,7 +177,8 @@ def collate(samples: Sequence[Sample], indices: list[int], share_prefixes: bool 
         ids += prompt[shared:]
         ids += completion
         positions += range(shared, len(prompt) + len(completion))
-        path = prompt + completion
+        if share_prefixes:
+            path = prompt + completion
         sample_index += [k] * len(completion)
         completion_positions += range(start - 1, start - 1 + len(completion))
         targets += completion
