@@ -53,26 +53,31 @@ def test_async_never_trains_a_sample_older_than_max_staleness(bound, policies, t
         assert name in wide.columns and (wide[name].dropna() >= 0).all(), name
 
 
-@pytest.mark.parametrize("bound", [0, 1])
-def test_pipeline_batches_new_solvers_with_earlier_verifiers_and_trains_every_scored_call_once(
-    bound, tmp_path
-):
+def _pipeline_run(tmp_path, steps: int, **options) -> wb.RunReader:
+    """A finished pipeline run of ``steps`` steps x 2 problems x 2 samples, no checkpoint drain before the end."""
     config = _config(
         tmp_path,
         scheduler="pipeline",
-        max_staleness=bound,
-        steps=3,
+        steps=steps,
         batch_size=2,
         group_size=2,
         checkpoint_every=10,
+        **options,
     )
     run_dir = create(config)
     assert run_here(run_dir) == "finished"
     reader = wb.RunReader(run_dir)
-    episodes = reader.episodes()
-    assert len(episodes) == 3 * 2 * 2, (
+    assert len(reader.episodes()) == steps * 2 * 2, (
         "the last step drains the pipeline: every problem's episodes are stored"
     )
+    return reader
+
+
+@pytest.mark.parametrize("bound", [0, 1])
+def test_pipeline_batches_new_solvers_with_earlier_verifiers_and_trains_every_scored_call_once(
+    bound, tmp_path
+):
+    reader = _pipeline_run(tmp_path, steps=3, max_staleness=bound)
     calls = reader.calls()
     rewarded = calls[calls["rewards"].notna()]
     assert rewarded["advantage"].notna().all(), "every scored call trained and kept its advantage"
@@ -127,6 +132,29 @@ def test_the_pipeline_forgets_the_calls_of_finished_groups_so_a_reused_id_still_
     assert calls[calls["rewards"].notna()]["advantage"].notna().all()
 
 
+def test_a_pipeline_with_segments_carries_long_calls_over_steps_within_the_bound(tmp_path):
+    """MarsRL's segment rollout in the pipeline: a step decodes one segment of a call, and the call goes
+    on in the next step's batch (newer policy) instead of holding the step."""
+    bound = 2
+    reader = _pipeline_run(tmp_path, steps=4, max_staleness=bound, segment_len=2, max_tokens=8)
+    calls = reader.calls()
+    rewarded = calls[calls["rewards"].notna()]
+    assert rewarded["advantage"].notna().all()
+    assert reader.metrics_wide()["samples"].sum() == len(rewarded), "each scored call trained exactly once"
+    versions = reader.steps().set_index("step")["policy_version"]
+    trained = rewarded["timings"].map(lambda t: versions[t["trained_step"]])
+    segments = rewarded["timings"].map(lambda t: t["segment_versions"])
+    spans = segments.map(lambda v: len(set(v)))
+    assert (spans > 1).any(), "some call was carried over to a later step's policy"
+    assert (segments.map(lambda v: v == sorted(v))).all(), (
+        "a carried call's later segments use newer policies"
+    )
+    lag = trained - rewarded["policy_version"]
+    assert lag.between(0, bound).all() and lag.max() > 0, lag.value_counts().to_dict()
+    assert (trained >= segments.map(max)).all(), "no segment decoded beside the update that trained it"
+    assert (reader.metrics_wide()["policy_lag/max"] <= bound).all()
+
+
 def test_a_resumed_pipeline_loses_and_repeats_no_group(tmp_path):
     """Checkpoint steps drain the pipeline, so a run resumed from one has no group left half done."""
     config = _config(tmp_path, scheduler="pipeline", steps=2, checkpoint_every=2, batch_size=2, group_size=2)
@@ -168,6 +196,8 @@ def test_pipeline_needs_a_grouped_flow_and_config_names_bad_scheduler_fields(tmp
         run_training(
             config, create(config), topology=SOLO, tasks=generate("arithmetic", n=4, seed=0, level=1)
         )
+    with pytest.raises(ValueError, match="max_staleness of the pipeline is 0 or 1 without segment_len"):
+        _config(tmp_path, scheduler="pipeline", max_staleness=2)
     with pytest.raises(ValueError) as error:
         _config(tmp_path, scheduler="overlap", max_staleness=-1, segment_len=0, stale_ratio="ignore")
     for field in ("scheduler", "max_staleness", "segment_len", "stale_ratio"):

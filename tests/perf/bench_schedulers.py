@@ -1,7 +1,7 @@
 """Schedulers against each other: samples trained per second on a long-tail workload, side by side.
 
     python -m tests.perf.bench_schedulers --quick        # tiny model, 6 steps x 4 problems (CI)
-    python -m tests.perf.bench_schedulers                # smollm2-135m, 6 steps x 2 problems
+    python -m tests.perf.bench_schedulers                # smollm2-135m, 10 steps x 2 problems
     python -m tests.perf.bench_schedulers --quick --only all --rounds 3   # every variant, alternating
     python -m tests.perf.bench_schedulers --backend vllm --model Qwen/Qwen2.5-0.5B-Instruct   # GPU profile
 
@@ -9,16 +9,19 @@ The workload is a grouped three-agent chain in MarsRL's shape (Solver sampled G 
 selected at random for a Verifier sampled G times each; 2 verifications selected for a Corrector),
 trained with GRPO on arithmetic. The chain has no early exit, so every scheduler makes the same calls.
 Completion lengths follow a long-tailed (log-normal) distribution: each request's length is a seeded
-draw keyed on its prompt ids and decoded past end-of-sequence (``ignore_eos``), so the Solver's
-lengths are identical across schedulers and the downstream agents' come from the same distribution
-(the totals are reported; their ratio shows how close they are). Each scheduler trains the same
-steps from the same initial weights; rounds alternate the schedulers so background load falls on
-all alike. samples/s = trained samples / summed step wall time (pipeline fill and drain included).
-ratio = scheduler's samples/s / synchronous samples/s. Results go to tests/perf/results/schedulers.json.
+draw keyed on its agent, its problem and how many requests of that agent and problem came before,
+decoded past end-of-sequence (``ignore_eos``), so every scheduler decodes the same lengths (the
+token totals are reported; their ratio is 1). Each scheduler trains the same steps from the same
+initial weights; rounds alternate the schedulers so background load falls on all alike.
+samples/s = trained samples / summed step wall time, over the steady steps (from ``--warmup`` to the
+one before the last: the pipeline has filled and not begun its final drain; what a long run sees)
+and over the whole run (fill and drain included). ratio = scheduler's samples/s / synchronous
+samples/s. Results go to tests/perf/results/schedulers.json.
 
 Where the gains come from (hf backend, CPU): the pipeline decodes a step's Solvers, Verifiers and
 Correctors as one batch that sheds rows as they finish, so one long tail a step instead of three;
-async rolls the next batch out (its own weight copy) while the update runs on this one.
+with segments it decodes at most one segment of each call a step (the rest carries over, re-reading
+its prompt); async rolls the next batch out (its own weight copy) while the update runs on this one.
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ import dataclasses
 import hashlib
 import math
 import random
+import re
 import statistics
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +63,8 @@ SCHEDULERS = {
     "sync": {"scheduler": "sync"},
     "pipeline": {"scheduler": "pipeline", "max_staleness": 0},  # agent-level batching alone
     "pipeline+overlap": {"scheduler": "pipeline", "max_staleness": 1},  # and the next level during the update
+    # MarsRL's: a step decodes at most 2 x the median length of a call; longer ones carry over (<= 4 segments)
+    "pipeline+segments": {"scheduler": "pipeline", "max_staleness": 3, "segment_len": "2 x median"},
     "async": {"scheduler": "async", "max_staleness": 1},
     "async+segments": {"scheduler": "async", "max_staleness": 1, "segment_len": 16},
 }
@@ -106,27 +113,44 @@ def chain(max_tokens: int) -> Any:
     )
 
 
+#: the line of a chain prompt that names its agent and problem (the rest holds earlier agents' text)
+AGENT_LINE = re.compile(r"^(Solve: |Check this solution to |Correct the solution to ).*$", re.M)
+
+
 class LongTail(BackendWrapper):
-    """Gives each request a long-tailed length (seeded by its prompt ids) and decodes it in full."""
+    """Gives each request a long-tailed length and decodes it in full. The length is a seeded draw
+    keyed on the agent and problem the prompt names and on how many such requests came before, not on
+    the earlier agents' text in it, so every scheduler draws the same lengths."""
 
     def __init__(self, inner: Any, median: int, cap: int, sigma: float = 1.0):
         super().__init__(inner)
         self.median, self.cap, self.sigma = median, cap, sigma
+        self.seen: Counter[str] = Counter()
 
-    def length(self, prompt_ids: Any, sample: int) -> int:
-        digest = hashlib.sha256(f"{list(prompt_ids)}-{sample}".encode()).digest()
+    def length(self, key: str, sample: int) -> int:
+        digest = hashlib.sha256(f"{key}-{sample}".encode()).digest()
         draw = random.Random(digest).lognormvariate(math.log(self.median), self.sigma)
         return max(2, min(self.cap, round(draw)))
 
+    def key(self, prompt_ids: Any) -> str:
+        text = self.tokenizer.decode(list(prompt_ids))
+        agent = AGENT_LINE.search(text)
+        key = agent.group(0) if agent else text
+        self.seen[key] += 1
+        return f"{key}#{self.seen[key]}"
+
     async def generate(self, request: GenerationRequest) -> list[Generation]:
+        key = self.key(request.prompt_ids)
         sized = [
-            dataclasses.replace(request, n=1, max_tokens=self.length(request.prompt_ids, i), ignore_eos=True)
+            dataclasses.replace(request, n=1, max_tokens=self.length(key, i), ignore_eos=True)
             for i in range(request.n)
         ]
         return [g for (g,) in await asyncio.gather(*(self.inner.generate(r) for r in sized))]
 
 
 def run_one(name: str, options: dict, args: argparse.Namespace, base: Path) -> dict[str, float]:
+    if options.get("segment_len") == "2 x median":
+        options = {**options, "segment_len": 2 * args.median}
     config = TrainConfig(
         model=args.model,
         backend=args.backend,
@@ -146,9 +170,9 @@ def run_one(name: str, options: dict, args: argparse.Namespace, base: Path) -> d
 
     def long_tail(served: dict, segment_len: int | None) -> dict:
         backends = original(served, segment_len)
-        for meter in {id(b): b for b in backends.values()}.values():  # lengths drawn once per request,
-            meter.inner = LongTail(meter.inner, args.median, args.cap)  # then segmented
-        return backends
+        # lengths drawn once per request, outside the segments
+        wrapped = {id(b): LongTail(b, args.median, args.cap) for b in backends.values()}
+        return {name: wrapped[id(b)] for name, b in backends.items()}
 
     loop.rollout_backends = long_tail  # the workload: imposed lengths inside the scheduler's meter
     try:
@@ -166,10 +190,12 @@ def run_one(name: str, options: dict, args: argparse.Namespace, base: Path) -> d
     calls = reader.calls(columns=["n_completion"])
     seconds = float(wide["time/step_s"].sum())
     samples = float(wide["samples"].sum())
+    steady = wide.loc[args.warmup : args.steps - 2]
     return {
         "seconds": seconds,
         "samples": samples,
         "completion_tokens": float(calls["n_completion"].sum()),
+        "steady_samples_per_s": float(steady["samples"].sum() / steady["time/step_s"].sum()),
         "samples_per_s": samples / seconds,
         "tokens_per_s": float(calls["n_completion"].sum()) / seconds,
         "bubble_rollout": float(wide["bubble/rollout"].mean()),
@@ -190,14 +216,25 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--cap", type=int, default=None, help="longest completion (tokens)")
     parser.add_argument("--rounds", type=int, default=None, help="alternating rounds; medians are reported")
     parser.add_argument(
+        "--warmup", type=int, default=3, help="steps before the steady window (pipeline fill)"
+    )
+    parser.add_argument(
         "--only",
-        default="sync,pipeline,async",
-        help=f"schedulers to run, comma-separated, of {', '.join(SCHEDULERS)} (or: all)",
+        default=None,
+        help=f"schedulers to run, comma-separated, of {', '.join(SCHEDULERS)} (or: all); default "
+        "sync,pipeline,async (--quick) or sync,pipeline,pipeline+segments,async",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     args.model = args.model or ("tiny" if args.quick else "smollm2-135m")
-    args.steps = args.steps or 6
+    args.steps = args.steps or (6 if args.quick else 10)
+    args.only = args.only or (
+        "sync,pipeline,async" if args.quick else "sync,pipeline,pipeline+segments,async"
+    )
+    if args.steps < args.warmup + 2:
+        parser.error(
+            f"--steps must be at least --warmup + 2 = {args.warmup + 2} (a steady window of one step)"
+        )
     args.batch_size = args.batch_size or (4 if args.quick else 2)
     args.median = args.median or (12 if args.quick else 24)
     args.cap = args.cap or (96 if args.quick else 192)
@@ -222,11 +259,18 @@ def main(argv: list[str] | None = None) -> dict:
             "group_size": args.group_size,
             "length_median": args.median,
             "length_cap": args.cap,
-            "length_distribution": "log-normal, sigma 1, seeded by prompt ids, decoded past EOS",
+            "length_distribution": "log-normal, sigma 1, seeded by agent, problem and request count, decoded past EOS",
             "rounds": args.rounds,
+            "steady_steps": [args.warmup, args.steps - 2],
         },
-        "samples_per_s": {n: round(s["samples_per_s"], 3) for n, s in summary.items()},
+        "samples_per_s": {n: round(s["steady_samples_per_s"], 3) for n, s in summary.items()},
         "ratios": {
+            f"{n}_vs_sync": round(s["steady_samples_per_s"] / sync["steady_samples_per_s"], 3)
+            for n, s in summary.items()
+            if n != "sync"
+        },
+        "run_samples_per_s": {n: round(s["samples_per_s"], 3) for n, s in summary.items()},
+        "run_ratios": {
             f"{n}_vs_sync": round(s["samples_per_s"] / sync["samples_per_s"], 3)
             for n, s in summary.items()
             if n != "sync"
@@ -242,12 +286,15 @@ def main(argv: list[str] | None = None) -> dict:
         "when": now(),
     }
     write_json(args.out, result)
-    print(f"{'scheduler':<16}{'samples/s':>10}{'tokens/s':>10}{'ratio':>8}{'bubble r/t':>14}{'stale':>7}")
+    print(
+        f"{'scheduler':<18}{'steady/s':>9}{'ratio':>7}{'run/s':>7}{'ratio':>7}{'bubble r/t':>12}{'stale':>6}"
+    )
     for n, s in summary.items():
-        ratio = s["samples_per_s"] / sync["samples_per_s"]
         print(
-            f"{n:<16}{s['samples_per_s']:>10.2f}{s['tokens_per_s']:>10.0f}{ratio:>8.2f}"
-            f"{s['bubble_rollout']:>8.2f}/{s['bubble_trainer']:.2f}{s['staleness_max']:>7.0f}"
+            f"{n:<18}{s['steady_samples_per_s']:>9.2f}"
+            f"{s['steady_samples_per_s'] / sync['steady_samples_per_s']:>7.2f}{s['samples_per_s']:>7.2f}"
+            f"{s['samples_per_s'] / sync['samples_per_s']:>7.2f}"
+            f"{s['bubble_rollout']:>6.2f}/{s['bubble_trainer']:.2f}{s['staleness_max']:>6.0f}"
         )
     return result
 

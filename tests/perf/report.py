@@ -206,17 +206,38 @@ def render_schedulers(r: dict) -> str:
         if "length_median" in w
         else w.get("length_distribution", "long-tailed completion lengths")
     )
+    steady = w.get("steady_steps")
+    window = (
+        f"steps {steady[0]}-{steady[1]}, after the pipeline filled and before its last drain"
+        if steady
+        else ""
+    )
     lines = [
         f"**Schedulers on a long-tail workload** ({r['mode']} mode, {r.get('model', '')}, "
         f"{w.get('topology', '')}; {shape}; {lengths}; {m['cpus']} CPUs, {r['when']}): samples trained per "
-        "second of each scheduler, the schedulers taking turns in one run (ratio = its samples/s / sync's).",
+        "second of each scheduler, the schedulers taking turns in one run (ratio = its samples/s / sync's)"
+        + (f"; steady: {window}; whole run: every step, fill and drain included." if steady else "."),
         "",
-        "| scheduler | samples/s | vs sync |",
-        "|---|---|---|",
     ]
-    for name, rate in r["samples_per_s"].items():
-        ratio = 1.0 if name == "sync" else r["ratios"].get(f"{name}_vs_sync")
-        lines.append(f"| {name} | {rate:.2f} | {'-' if ratio is None else f'{ratio:.2f}x'} |")
+    runs = r.get("run_samples_per_s")
+
+    def ratio(table: str, name: str) -> str:
+        value = 1.0 if name == "sync" else r[table].get(f"{name}_vs_sync")
+        return "-" if value is None else f"{value:.2f}x"
+
+    if runs:
+        lines += [
+            "| scheduler | samples/s (steady) | vs sync | samples/s (whole run) | vs sync |",
+            "|---|---|---|---|---|",
+        ]
+        for name, rate in r["samples_per_s"].items():
+            lines.append(
+                f"| {name} | {rate:.2f} | {ratio('ratios', name)} | {runs[name]:.2f} | {ratio('run_ratios', name)} |"
+            )
+    else:
+        lines += ["| scheduler | samples/s | vs sync |", "|---|---|---|"]
+        for name, rate in r["samples_per_s"].items():
+            lines.append(f"| {name} | {rate:.2f} | {ratio('ratios', name)} |")
     tokens = r.get("token_ratios")
     if tokens:
         same = ", ".join(f"{k.removesuffix('_vs_sync')} {v:.2f}" for k, v in tokens.items())

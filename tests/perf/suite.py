@@ -74,7 +74,8 @@ def _schedulers(r: dict) -> list[dict]:
         headline(
             f"{key.removesuffix('_vs_sync')} vs sync",
             value,
-            f"samples/s of {key.removesuffix('_vs_sync')} / samples/s of sync, long-tail lengths (> 1 = faster)",
+            f"samples/s of {key.removesuffix('_vs_sync')} / samples/s of sync in steady state, long-tail lengths "
+            "(> 1 = faster)",
         )
         for key, value in r["ratios"].items()
     ]

@@ -280,3 +280,13 @@ def test_schedulers_headline_and_report_read_its_json():
     text = report.render_schedulers(data)
     assert "| pipeline | 3.00 | 1.50x |" in text and "| sync | 2.00 | 1.00x |" in text
     assert "median 12" in text and "at most 96 tokens" in text
+    # with a steady window, the whole run's figures stand beside the steady ones
+    data["workload"]["steady_steps"] = [3, 6]
+    data["run_samples_per_s"] = {"sync": 1.9, "pipeline": 2.1, "async": 2.0}
+    data["run_ratios"] = {"pipeline_vs_sync": 1.105, "async_vs_sync": 1.053}
+    text = report.render_schedulers(data)
+    assert (
+        "| pipeline | 3.00 | 1.50x | 2.10 | 1.10x |" in text
+        and "| sync | 2.00 | 1.00x | 1.90 | 1.00x |" in text
+    )
+    assert "steady: steps 3-6" in text

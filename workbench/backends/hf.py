@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.backends.base import BackendError, Generation, GenerationRequest, cut_at_stop, fit_to_context
+from workbench.backends.gqa_attention import use_gqa_attention
 from workbench.backends.hf_decode import decode
 
 
@@ -40,7 +41,7 @@ class HFBackend:
             self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
         else:
             self.model, self.tokenizer = model, tokenizer
-        self.model.eval()
+        use_gqa_attention(self.model).eval()
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
         self.max_batch = max_batch
         self.policy_version = 0
@@ -66,10 +67,12 @@ class HFBackend:
     async def _serve(self) -> None:
         while True:
             await self._wakeup.wait()
-            for _ in range(10):  # let every ready coroutine enqueue before we batch
+            quiet = 0  # let every ready coroutine enqueue before we batch: a request can be several
+            for _ in range(64):  # awaits (wrappers, gathers) away from the queue
                 queued = len(self._queue)
                 await asyncio.sleep(0)
-                if len(self._queue) == queued:
+                quiet = quiet + 1 if len(self._queue) == queued else 0
+                if quiet == 8:
                     break
             self._wakeup.clear()
             pending, self._queue = self._queue, []

@@ -12,6 +12,8 @@ forward runs on one copy and its cache and last logits are copied to every row t
 then sample on their own.
 
 Sampling follows transformers' order: temperature, then top-k, then top-p.
+Attention is ``gqa_sdpa`` (``workbench.backends.gqa_attention``): a padded batch's mask would
+otherwise make transformers copy every grouped key/value head at each step.
 """
 
 from __future__ import annotations
@@ -109,7 +111,16 @@ def _sample(logits: torch.Tensor, request: GenerationRequest) -> torch.Tensor:
         drop = cumulative - ordered.softmax(-1) > request.top_p  # keep the smallest set reaching top_p
         ordered = ordered.masked_fill(drop, float("-inf"))
         scores = torch.full_like(scores, float("-inf")).scatter(-1, order, ordered)
-    return torch.multinomial(scores.softmax(-1), 1).squeeze(-1)
+    return _draw(scores.softmax(-1))
+
+
+def _draw(probs: torch.Tensor) -> torch.Tensor:
+    """One token a row, drawn from ``probs`` by inverting its cumulative sum at a uniform draw: the same
+    distribution as ``torch.multinomial``, at a fraction of its cost over a large vocabulary. The sum is
+    in float64, so even a very unlikely token keeps its exact share; a token of probability 0 is never drawn."""
+    cdf = probs.double().cumsum(-1)
+    u = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, side="right").squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
 class _Done:

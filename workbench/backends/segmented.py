@@ -8,16 +8,37 @@ treat the importance ratio as the run's ``stale_ratio`` says (``workbench.rl.con
 
 The continuation prompt is the exact prompt ids plus the completion ids so far (never re-tokenised
 text); a stop string that straddles two segments is found on the joined completion.
+
+A scheduler can carry unfinished requests over to its next step (MarsRL's segment rollout in the
+pipeline): it sets ``segment_hooks`` (a context variable, so it reaches the calls of the coroutines it
+starts) to an object told when a segment starts and ends, and awaited between two segments, where it
+may hold the request until the next step opens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import time
+from typing import Protocol
 
 from workbench.backends.base import Generation, GenerationRequest, cut_at_stop
 from workbench.backends.wrapper import BackendWrapper
+
+
+class SegmentHooks(Protocol):
+    def running(self, change: int) -> None:
+        """A request of this context started (+1) or ended (-1)."""
+
+    async def between_segments(self, carried: int) -> bool:
+        """Awaited before a request's next segment (it was carried over ``carried`` times so far);
+        True when it held the request over to a later step."""
+
+
+segment_hooks: contextvars.ContextVar[SegmentHooks | None] = contextvars.ContextVar(
+    "segment_hooks", default=None
+)
 
 
 class SegmentedBackend(BackendWrapper):
@@ -40,13 +61,39 @@ class SegmentedBackend(BackendWrapper):
 
     async def _one(self, request: GenerationRequest) -> Generation:
         started = time.perf_counter()
+        hooks = segment_hooks.get()
+        if hooks is not None:
+            hooks.running(+1)
+        try:
+            ids, logprobs, versions, starts, finish, stop_reason = await self._segments(request, hooks)
+        finally:
+            if hooks is not None:
+                hooks.running(-1)
+        return Generation(
+            completion_ids=ids,
+            logprobs=logprobs,
+            text=self.tokenizer.decode(ids, skip_special_tokens=True),
+            finish_reason=finish,
+            stop_reason=stop_reason,
+            policy_version=min(versions, default=self.policy_version),
+            timings={
+                "generate_s": time.perf_counter() - started,
+                "segments": len(versions),
+                "segment_versions": versions,
+                "segment_starts": starts,
+            },
+        )
+
+    async def _segments(self, request: GenerationRequest, hooks: SegmentHooks | None) -> tuple:
         prompt = tuple(request.prompt_ids)
         ids: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
         starts: list[int] = []
-        finish, stop_reason = "length", None
+        finish, stop_reason, carried = "length", None, 0
         while len(ids) < request.max_tokens:
+            if ids and hooks is not None:
+                carried += await hooks.between_segments(carried)
             budget = min(self.segment_len, request.max_tokens - len(ids))
             segment = dataclasses.replace(request, prompt_ids=prompt + tuple(ids), max_tokens=budget, n=1)
             (piece,) = await self.inner.generate(segment)
@@ -63,17 +110,4 @@ class SegmentedBackend(BackendWrapper):
                 break
             if not piece.completion_ids:
                 break
-        return Generation(
-            completion_ids=ids,
-            logprobs=logprobs,
-            text=self.tokenizer.decode(ids, skip_special_tokens=True),
-            finish_reason=finish,
-            stop_reason=stop_reason,
-            policy_version=min(versions, default=self.policy_version),
-            timings={
-                "generate_s": time.perf_counter() - started,
-                "segments": len(versions),
-                "segment_versions": versions,
-                "segment_starts": starts,
-            },
-        )
+        return ids, logprobs, versions, starts, finish, stop_reason

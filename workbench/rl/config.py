@@ -100,7 +100,8 @@ class TrainConfig:
     max_staleness: int = _f(
         1,
         "async: most policy versions between the policy that generated a sample and the one that trains on it; "
-        "pipeline: 1 rolls the next step's level out during the update, 0 keeps them apart.",
+        "pipeline: 1 rolls the next step's level out during the update, 0 keeps them apart; pipeline with "
+        "segment_len: most steps a call is carried over, one segment a step (no rollout during the update).",
     )
     segment_len: int | None = _f(
         None,
@@ -174,6 +175,11 @@ class TrainConfig:
             problems.append(f"policies must be shared, lora or separate, got {self.policies!r}")
         if self.scheduler not in ("sync", "async", "pipeline"):
             problems.append(f"scheduler must be sync, async or pipeline, got {self.scheduler!r}")
+        if self.scheduler == "pipeline" and not self.segment_len and self.max_staleness > 1:
+            problems.append(
+                f"max_staleness of the pipeline is 0 or 1 without segment_len (set segment_len to carry long calls "
+                f"over several steps), got {self.max_staleness}"
+            )
         if self.stale_ratio not in ("recompute", "behaviour", "truncated"):
             problems.append(
                 f"stale_ratio must be recompute, behaviour or truncated, got {self.stale_ratio!r}"

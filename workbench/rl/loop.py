@@ -127,7 +127,9 @@ def run_training(
                 policies.models, config.optim(), ref_model=ref, activate=policies.activate
             )
         # a rollout running beside the update generates from its own copy of the weights
-        beside = config.scheduler == "async" or (config.scheduler == "pipeline" and config.max_staleness > 0)
+        beside = config.scheduler == "async" or (
+            config.scheduler == "pipeline" and config.max_staleness > 0 and not config.segment_len
+        )
         served = policies.backends(config.backend, config.model, own_weights=beside)
         backends = rollout_backends(served, config.segment_len)
         policy_version, start = 0, 0
@@ -176,6 +178,7 @@ def run_training(
                 config.steps,
                 config.max_staleness,
                 drain_every=config.checkpoint_every,
+                carry=bool(config.segment_len),
             )
         status = "finished"
         for step in range(start, config.steps):

@@ -216,14 +216,14 @@ def _block_attention(
     attention_mask: torch.Tensor | None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """sdpa on each packed sequence's own causal block; anything else goes to transformers' sdpa as is.
+    """sdpa on each packed sequence's own causal block; anything else goes to sdpa as is (``gqa_sdpa``).
 
     A packed row is recognised from the position ids alone (batch of one, no cache offset, positions
     restarting), and each block is causal: padding inside a packed row is not supported (``collate``
     never makes any). A block whose positions start at p > 0 continues the path laid out before it: it
     also sees that path's first p positions (shared prefixes, module docstring).
     """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from workbench.backends.gqa_attention import gqa_sdpa
 
     position_ids = kwargs.get("position_ids")
     bounds = None
@@ -234,7 +234,7 @@ def _block_attention(
     ):
         bounds = _segments(position_ids.reshape(1, -1))
     if bounds is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        return gqa_sdpa(module, query, key, value, attention_mask, **kwargs)
     starts = position_ids.reshape(-1)[bounds[:-1]].tolist()
     pieces = []
     # row spans holding positions 0, 1, ... of the path the next segment continues
@@ -242,19 +242,15 @@ def _block_attention(
     for a, b, start in zip(bounds[:-1], bounds[1:], starts, strict=True):
         context = _first_positions(path, start)
         if not context:
-            out = sdpa_attention_forward(
-                module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, **kwargs
-            )
+            out = gqa_sdpa(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, **kwargs)
         else:  # a shared-prefix segment: the path's first ``start`` positions, then its own causal block
             keys = torch.cat([key[:, :, x:y] for x, y in context] + [key[:, :, a:b]], dim=2)
             values = torch.cat([value[:, :, x:y] for x, y in context] + [value[:, :, a:b]], dim=2)
             visible = torch.ones(b - a, start + b - a, dtype=torch.bool, device=query.device).tril(start)
-            out = sdpa_attention_forward(
-                module, query[:, :, a:b], keys, values, visible[None, None], **kwargs
-            )
+            out = gqa_sdpa(module, query[:, :, a:b], keys, values, visible[None, None], **kwargs)
         pieces.append(out[0])
         path = [*context, (a, b)]
-    return torch.cat(pieces, dim=1), None  # [1, T, heads, head_dim], as sdpa_attention_forward returns
+    return torch.cat(pieces, dim=1), None  # [1, T, heads, head_dim], as sdpa returns
 
 
 def _first_positions(path: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:

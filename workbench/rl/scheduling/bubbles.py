@@ -47,9 +47,18 @@ class BusyMeter(BackendWrapper):
 
 
 def busiest(backends: dict[str, Any]) -> float:
-    """Busy seconds of the busiest metered backend (the rollout is idle only when all of them are)."""
-    meters = {id(b): b for b in backends.values() if isinstance(b, BusyMeter)}
+    """Busy seconds of the busiest metered backend (the rollout is idle only when all of them are);
+    a meter is found under any wrappers around it."""
+    meters = {id(m): m for m in map(_meter, backends.values()) if m is not None}
     return max((m.busy_s() for m in meters.values()), default=0.0)
+
+
+def _meter(backend: Any) -> BusyMeter | None:
+    while isinstance(backend, BackendWrapper):
+        if isinstance(backend, BusyMeter):
+            return backend
+        backend = backend.inner
+    return None
 
 
 def bubble_metrics(step_s: float, rollout_busy_s: float, trainer_wait_s: float) -> dict[str, float]:

@@ -16,8 +16,15 @@ so it rolls out (from the rollout backend's own weight copy) while the trainer u
 its calls train one version late; ``0`` keeps rollout and update apart (every call trains on the policy
 that generated it).
 
+With ``carry`` (the run has a ``segment_len``) a step decodes at most one segment of each call: a call
+that has not finished then waits for the next step, whose batch decodes its next segment with the newer
+policy (MarsRL's segment rollout in the pipeline, so a step no longer waits for its longest completion).
+``max_staleness`` bounds how many steps a call may be carried over (its policy lag when it trains; past
+it the call decodes to its end in the step), and the next level never rolls out during the update.
+
 An episode is stored at the step it finished. The last step drains the pipeline (more levels, no new
-problems), and so does every checkpoint step (``drain_every``), so a resumed run has no group half done.
+problems, no call carried), and so does every checkpoint step (``drain_every``), so a resumed run has
+no group half done.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from workbench.backends.loop_thread import LoopThread
+from workbench.backends.segmented import segment_hooks
 from workbench.engine.runner import Rollout
 from workbench.rl.scheduling.base import BatchFor, StepRollout, view
 
@@ -46,6 +54,7 @@ class PipelineScheduler:
         last_step: int,
         max_staleness: int = 1,
         drain_every: int | None = None,
+        carry: bool = False,
     ):
         if not engine.grouped_mode:
             raise ValueError(
@@ -53,9 +62,13 @@ class PipelineScheduler:
                 "has none: use scheduler 'async' for episode-level overlap"
             )
         self.engine, self.batch_for, self.group_size = engine, batch_for, group_size
-        if not isinstance(max_staleness, int) or max_staleness not in (0, 1):
-            raise ValueError(f"max_staleness of the pipeline is 0 or 1, got {max_staleness!r}")
-        self.last_step, self.drain_every, self.overlap = last_step, drain_every, max_staleness == 1
+        if not isinstance(max_staleness, int) or max_staleness < 0 or (not carry and max_staleness > 1):
+            raise ValueError(
+                f"max_staleness of the pipeline is 0 or 1 (an integer >= 0 with segment_len), got {max_staleness!r}"
+            )
+        self.last_step, self.drain_every = last_step, drain_every
+        self.overlap = not carry and max_staleness == 1
+        self.max_carry = max_staleness if carry else 0
         self.loop = LoopThread("rollout")
         self.ahead: dict[int, concurrent.futures.Future] = {}  # step -> its level, started early
         # rollout-loop state (touched only on the loop's thread)
@@ -63,6 +76,9 @@ class PipelineScheduler:
         self.parked = 0  # groups waiting at the gate for the next level
         self.release: asyncio.Event | None = None
         self.quiet: asyncio.Event | None = None
+        self.level = 0  # levels opened so far
+        self.draining = False
+        self.carrying: set[_GroupSegments] = set()  # groups whose running calls all wait for the next level
         self.taken: set[int] = set()  # ids of the calls of unfinished groups handed to training
         self.ready: dict[int, tuple[EpisodeRecord, list[CallRecord]]] = {}
         self.finished: list[EpisodeRecord] = []
@@ -96,6 +112,7 @@ class PipelineScheduler:
 
     async def _step(self, tasks: list[Task], drain: bool) -> tuple[list[EpisodeRecord], list[EpisodeRecord]]:
         """One level of every group in flight plus the first of the new ones; to the end if ``drain``."""
+        self.draining = drain
         self._open_level()
         for task in tasks:
             self.live += 1
@@ -119,6 +136,8 @@ class PipelineScheduler:
     def _open_level(self) -> None:
         released, self.release = self.release, asyncio.Event()
         self.quiet, self.parked = asyncio.Event(), 0
+        self.level += 1
+        self.carrying.clear()  # their calls go on in this level
         if released is not None:
             released.set()
 
@@ -128,7 +147,7 @@ class PipelineScheduler:
         await self.quiet.wait()
 
     def _check(self) -> None:
-        if self.quiet is not None and self.parked >= self.live:
+        if self.quiet is not None and self.parked + len(self.carrying) >= self.live:
             self.quiet.set()
 
     async def _gate(self) -> None:
@@ -138,6 +157,7 @@ class PipelineScheduler:
         await release.wait()
 
     async def _group(self, task: Task) -> None:
+        segment_hooks.set(_GroupSegments(self))  # this task's context: every call of the group sees it
         try:
             records = await self.engine.grouped(task, self.group_size, self._on_level, self._gate)
             self.finished += records
@@ -156,3 +176,43 @@ class PipelineScheduler:
         self.taken.update(id(c) for c in new)
         if new:
             self.ready.setdefault(id(record), (record, []))[1].extend(new)
+
+
+class _GroupSegments:
+    """One group's segmented calls (``segment_hooks``): it holds a call over to the next level when the
+    scheduler carries, and tells the scheduler when all the group's running calls wait for that level."""
+
+    def __init__(self, scheduler: PipelineScheduler):
+        self.scheduler = scheduler
+        self.active = 0  # calls decoding (started, not finished, not waiting for the next level)
+        self.waiting: dict[int, int] = {}  # level -> calls waiting for the level after it
+
+    def running(self, change: int) -> None:
+        self.active += change
+        self._update()
+
+    async def between_segments(self, carried: int) -> bool:
+        scheduler = self.scheduler
+        if scheduler.draining or carried >= scheduler.max_carry:
+            return False
+        level, release = scheduler.level, scheduler.release
+        self.waiting[level] = self.waiting.get(level, 0) + 1
+        self.active -= 1
+        self._update()
+        try:
+            await release.wait()
+        finally:
+            self.waiting[level] -= 1
+            if not self.waiting[level]:
+                del self.waiting[level]
+            self.active += 1
+        return True
+
+    def _update(self) -> None:
+        scheduler = self.scheduler
+        waiting_now = self.waiting.get(scheduler.level, 0)
+        if self.active == 0 and waiting_now and waiting_now == sum(self.waiting.values()):
+            scheduler.carrying.add(self)
+        else:
+            scheduler.carrying.discard(self)
+        scheduler._check()

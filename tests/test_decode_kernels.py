@@ -1,0 +1,56 @@
+"""The hf backend's decode pieces against the plain versions they replace: grouped-query attention
+without copying key/value heads, and token draws by inverse CDF instead of ``torch.multinomial``."""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.backends.gqa_attention import gqa_sdpa, use_gqa_attention
+from workbench.backends.hf_decode import _draw
+
+
+class _Attention(torch.nn.Module):
+    num_key_value_groups = 3
+    is_causal = True
+
+
+def test_grouped_attention_with_a_padding_mask_equals_sdpa_on_repeated_heads():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    torch.manual_seed(0)
+    batch, kv_heads, length, dim = 5, 2, 37, 16
+    query = torch.randn(batch, kv_heads * 3, 1, dim)
+    key, value = torch.randn(batch, kv_heads, length, dim), torch.randn(batch, kv_heads, length, dim)
+    mask = torch.ones(batch, 1, 1, length, dtype=torch.bool)
+    for row in range(batch):
+        mask[row, ..., : 4 * row] = False  # left padding of each row's own width
+    expected, _ = sdpa_attention_forward(_Attention(), query, key, value, mask, scaling=0.25)
+    got, _ = gqa_sdpa(_Attention(), query, key, value, mask, scaling=0.25)
+    assert got.shape == expected.shape == (batch, 1, kv_heads * 3, dim)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    # a prefill without a mask is transformers' own path
+    query = torch.randn(batch, kv_heads * 3, length, dim)
+    expected, _ = sdpa_attention_forward(_Attention(), query, key, value, None)
+    torch.testing.assert_close(gqa_sdpa(_Attention(), query, key, value, None)[0], expected)
+
+
+def test_only_a_model_on_plain_sdpa_is_switched(tmp_path):
+    from workbench.models import load
+
+    model, _ = load("tiny")
+    model.set_attn_implementation("sdpa")
+    assert use_gqa_attention(model).config._attn_implementation == "gqa_sdpa"
+    model.set_attn_implementation("eager")
+    assert use_gqa_attention(model).config._attn_implementation == "eager"
+
+
+def test_draws_follow_the_distribution_and_never_pick_a_token_of_probability_zero():
+    torch.manual_seed(0)
+    probs = torch.tensor([0.0, 0.2, 0.0, 0.5, 0.3, 1e-3, 0.0])
+    probs = (probs / probs.sum()).expand(200_000, -1).contiguous()
+    counts = torch.bincount(_draw(probs), minlength=probs.shape[1]).double() / probs.shape[0]
+    assert counts[[0, 2, 6]].sum() == 0
+    # within 5 standard errors of each share
+    tolerance = 5 * (probs[0] * (1 - probs[0]) / probs.shape[0]).sqrt()
+    assert ((counts - probs[0].double()).abs() <= tolerance + 1e-12).all(), counts
+    assert counts[5] > 0, "a token of probability 1e-3 is drawn about 200 times"
