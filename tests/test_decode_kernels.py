@@ -3,6 +3,7 @@ without copying key/value heads, and token draws by inverse CDF instead of ``tor
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from workbench.backends.gqa_attention import gqa_sdpa, use_gqa_attention
@@ -54,3 +55,5 @@ def test_draws_follow_the_distribution_and_never_pick_a_token_of_probability_zer
     tolerance = 5 * (probs[0] * (1 - probs[0]) / probs.shape[0]).sqrt()
     assert ((counts - probs[0].double()).abs() <= tolerance + 1e-12).all(), counts
     assert counts[5] > 0, "a token of probability 1e-3 is drawn about 200 times"
+    with pytest.raises(ValueError, match="not finite"):
+        _draw(torch.tensor([[0.5, float("nan")]]))

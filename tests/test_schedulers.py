@@ -155,6 +155,17 @@ def test_a_pipeline_with_segments_carries_long_calls_over_steps_within_the_bound
     assert (reader.metrics_wide()["policy_lag/max"] <= bound).all()
 
 
+def test_the_pipeline_carries_only_single_generation_nodes():
+    """A node that generates several times (an agent's turns) looks settled between two of them."""
+    from types import SimpleNamespace
+
+    from workbench.rl.scheduling import PipelineScheduler
+
+    engine = SimpleNamespace(grouped_mode=True, topology=wb.load_topology("mars"))
+    with pytest.raises(ValueError, match="research may generate several times a step"):
+        PipelineScheduler(engine, lambda step: [], 2, 4, max_staleness=2, carry=True)
+
+
 def test_a_resumed_pipeline_loses_and_repeats_no_group(tmp_path):
     """Checkpoint steps drain the pipeline, so a run resumed from one has no group left half done."""
     config = _config(tmp_path, scheduler="pipeline", steps=2, checkpoint_every=2, batch_size=2, group_size=2)

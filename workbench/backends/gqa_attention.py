@@ -4,8 +4,9 @@ transformers' ``sdpa`` repeats every key and value head ``num_key_value_groups``
 the KV cache, per layer, per decode step) whenever an attention mask is given, because CUDA's fused
 kernels fall back to the math kernel with a mask anyway. A left-padded decode batch always has a mask,
 and on a CPU the copy costs more than the attention itself. Here PyTorch's ``enable_gqa`` reads the
-grouped heads directly; the result is the same (``tests/test_backends.py``). Anything else (no mask, no
-grouped heads, a position bias) goes to transformers' ``sdpa`` unchanged.
+grouped heads directly; the result is the same (``tests/test_decode_kernels.py``). Anything else (no
+mask, no grouped heads, a position bias, a GPU, where the masked grouped kernel is the slow one) goes to
+transformers' ``sdpa`` unchanged.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def gqa_sdpa(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     grouped = key.shape[1] != query.shape[1]
-    if attention_mask is None or not grouped or kwargs.get("position_bias") is not None:
+    on_cpu = query.device.type == "cpu"  # on CUDA a mask sends enable_gqa to the math kernel: keep sdpa's way
+    if attention_mask is None or not grouped or not on_cpu or kwargs.get("position_bias") is not None:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )

@@ -119,6 +119,8 @@ def _draw(probs: torch.Tensor) -> torch.Tensor:
     distribution as ``torch.multinomial``, at a fraction of its cost over a large vocabulary. The sum is
     in float64, so even a very unlikely token keeps its exact share; a token of probability 0 is never drawn."""
     cdf = probs.double().cumsum(-1)
+    if not torch.isfinite(cdf[:, -1]).all():
+        raise ValueError("cannot sample: the model's probabilities are not finite (NaN or inf in its logits)")
     u = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, side="right").squeeze(-1).clamp(max=probs.shape[-1] - 1)
 

@@ -16,7 +16,8 @@ so it rolls out (from the rollout backend's own weight copy) while the trainer u
 its calls train one version late; ``0`` keeps rollout and update apart (every call trains on the policy
 that generated it).
 
-With ``carry`` (the run has a ``segment_len``) a step decodes at most one segment of each call: a call
+With ``carry`` (the run has a ``segment_len``; flows of call nodes, one generation each) a step decodes
+at most one segment of each call: a call
 that has not finished then waits for the next step, whose batch decodes its next segment with the newer
 policy (MarsRL's segment rollout in the pipeline, so a step no longer waits for its longest completion).
 ``max_staleness`` bounds how many steps a call may be carried over (its policy lag when it trains; past
@@ -39,6 +40,7 @@ from workbench.backends.loop_thread import LoopThread
 from workbench.backends.segmented import segment_hooks
 from workbench.engine.runner import Rollout
 from workbench.rl.scheduling.base import BatchFor, StepRollout, view
+from workbench.topology.spec import CallNode
 
 if TYPE_CHECKING:
     from workbench.engine.records import CallRecord, EpisodeRecord
@@ -61,6 +63,16 @@ class PipelineScheduler:
                 "scheduler 'pipeline' runs grouped flows (a node with select, as MarsRL's); this topology "
                 "has none: use scheduler 'async' for episode-level overlap"
             )
+        if carry:
+            several = [
+                name for name, node in engine.topology.flow.nodes.items() if not isinstance(node, CallNode)
+            ]
+            if several:
+                raise ValueError(
+                    f"the pipeline with segment_len carries calls of single-generation nodes (call nodes) only; "
+                    f"{', '.join(several)} may generate several times a step (agent, map or dag nodes): drop "
+                    "segment_len or use scheduler 'async'"
+                )
         self.engine, self.batch_for, self.group_size = engine, batch_for, group_size
         if not isinstance(max_staleness, int) or max_staleness < 0 or (not carry and max_staleness > 1):
             raise ValueError(
