@@ -11,8 +11,8 @@ text); a stop string that straddles two segments is found on the joined completi
 
 A scheduler can carry unfinished requests over to its next step (MarsRL's segment rollout in the
 pipeline): it sets ``segment_hooks`` (a context variable, so it reaches the calls of the coroutines it
-starts) to an object told when a segment starts and ends, and awaited between two segments, where it
-may hold the request until the next step opens.
+starts) to an object told when a request starts and ends, and awaited between two of its segments,
+where it may hold the request until the next step opens.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from workbench.rl.scheduling import (
     make_scheduler,
     rollout_backends,
 )
+from workbench.rl.scheduling.pipeline import overlaps
 from workbench.rl.trainer import PolicyTrainer
 
 
@@ -128,7 +129,7 @@ def run_training(
             )
         # a rollout running beside the update generates from its own copy of the weights
         beside = config.scheduler == "async" or (
-            config.scheduler == "pipeline" and config.max_staleness > 0 and not config.segment_len
+            config.scheduler == "pipeline" and overlaps(config.max_staleness, bool(config.segment_len))
         )
         served = policies.backends(config.backend, config.model, own_weights=beside)
         backends = rollout_backends(served, config.segment_len)

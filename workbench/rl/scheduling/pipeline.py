@@ -47,6 +47,11 @@ if TYPE_CHECKING:
     from workbench.tasks import Task
 
 
+def overlaps(max_staleness: int, carry: bool) -> bool:
+    """Whether the pipeline rolls the next level out during the update (never while it carries calls)."""
+    return not carry and max_staleness >= 1
+
+
 class PipelineScheduler:
     def __init__(
         self,
@@ -79,7 +84,7 @@ class PipelineScheduler:
                 f"max_staleness of the pipeline is 0 or 1 (an integer >= 0 with segment_len), got {max_staleness!r}"
             )
         self.last_step, self.drain_every = last_step, drain_every
-        self.overlap = not carry and max_staleness == 1
+        self.overlap = overlaps(max_staleness, carry)
         self.max_carry = max_staleness if carry else 0
         self.loop = LoopThread("rollout")
         self.ahead: dict[int, concurrent.futures.Future] = {}  # step -> its level, started early
