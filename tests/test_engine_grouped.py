@@ -17,6 +17,7 @@ from workbench.engine import Rollout
 from workbench.engine.selectors import SELECTORS
 from workbench.models import resolve
 from workbench.tasks import Task
+from workbench.topology import from_dict, to_dict
 
 TASK = Task("t0", "What is 2 + 3? Put your final answer in \\boxed{}.", "5", "boxed_math")
 
@@ -123,6 +124,50 @@ def test_grouped_calls_are_stored_with_their_source_and_rewards(tokenizer, tmp_p
         assert by_id.loc[row.source_id, "role"] == "solver"
         assert row.rewards["reward"] == 1.0 - by_id.loc[row.source_id, "rewards"]["reward"]
     assert calls[calls.role == "solver"]["source_id"].isna().all()
+
+
+def _with_a_check_before_the_verdict() -> wb.Topology:
+    """MarsRL's first round with an unrewarded check call between the Solver and Verifier1."""
+    spec = to_dict(wb.load_topology("marsrl"))
+    spec["roles"]["checker"] = {
+        "messages": [{"role": "user", "content": "Check this solution: {{ solution }}"}],
+        "reward": {"kind": "none"},
+    }
+    nodes = spec["flow"]["nodes"]
+    nodes["solve"]["next"] = [{"goto": "check"}]
+    nodes["check"] = {
+        "select": {"k": 2, "strategy": "adaptive", "prefer": 0, "samples": 1},
+        "call": "checker",
+        "bind": {"check": "text"},
+        "next": [{"goto": "verify1"}],
+    }
+    nodes["verify1"]["select"] = {"k": 2, "strategy": "adaptive", "prefer": 0}
+    nodes["verify1"]["next"] = [{"goto": "end"}]
+    for node in ("correct1", "verify2", "correct2"):
+        del nodes[node]
+    return from_dict(spec)
+
+
+def test_an_unrewarded_call_passes_on_what_the_next_call_judges(tokenizer):
+    """A check call (reward none) between Solver and Verifier: the verdict is scored against the solution."""
+
+    marsrl = _script(["5", "7"], lambda s: "Wrong")
+
+    def script(prompt: str) -> str:
+        return "I checked it." if "Check this solution" in prompt else marsrl(prompt)
+
+    episodes, _ = _run(tokenizer, script, topology=_with_a_check_before_the_verdict())
+    calls = [c for e in episodes for c in e.calls]
+    checks = [c for c in calls if c.role == "checker"]
+    verdicts = [c for c in calls if c.role == "verifier1"]
+    assert len(checks) == 2 and len(verdicts) == 8, "2 checks (1 sample each), 4 verdicts on each"
+    assert all(c.rewards == {} for c in checks)
+    positions = {(id(e), c.position): c for e in episodes for c in e.calls}
+    episode_of = {id(c): e for e in episodes for c in e.calls}
+    judged = [positions[(id(episode_of[id(v)]), v.source)] for v in verdicts]
+    assert {j.role for j in judged} == {"solver"} and all(j.rewards["reward"] == 0.0 for j in judged)
+    # "Wrong" about the wrong solution each check was about: reward 1, with the solution's provenance
+    assert all(v.rewards["reward"] == 1.0 and v.rewards["judged_correct"] == 0.0 for v in verdicts)
 
 
 @pytest.mark.parametrize("seed", range(20))

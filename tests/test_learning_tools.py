@@ -7,6 +7,9 @@ so a rise on the held-out set is a skill (search for the name, read the answer o
 Held-out scores are greedy, on 80 questions, before the first update and after the last; System 2's reward and
 the exact-answer rate must each rise by more than two standard errors of the paired difference (the same
 questions are scored before and after, from the run's stored per-question ``eval`` events).
+Both roles sample among the 10 likeliest tokens (the topology's ``top_k``) at temperature 0.7: from the whole
+vocabulary at temperature 1 the base model's sampled answers score F1 > 0 in 0 of 32 episodes (greedy: 13 of
+32), so groups rarely carry a reward to learn from; with top_k 10 at 0.7, 8 of 32.
 vLLM's CPU build is the rollout engine (the weights reach it after every step), so this runs in the vLLM
 phase of the suite.
 """
@@ -44,12 +47,6 @@ def test_the_split_shares_no_entity_or_question():
 
 
 @pytest.mark.slow
-@pytest.mark.skip(
-    reason="not yet reliable (issue 4): one run at temperature 1.0 rose 4.0 paired SE, the next (the CI suite, "
-    "same config) sampled no rewarded answer in 128 training episodes, so no update happened (0.234 -> 0.234); "
-    "sampled System 2 answers score F1 > 0 in only 2-7 of 32 episodes at T 0.7-1.0 (greedy: ~25%), too "
-    "sparse a signal for 8 steps of 16 episodes"
-)
 def test_mars_system2_and_system1_answer_more_held_out_questions(tmp_path):
     train, held_out = disjoint_split()
     config = TrainConfig(
@@ -63,7 +60,7 @@ def test_mars_system2_and_system1_answer_more_held_out_questions(tmp_path):
         batch_size=4,
         group_size=4,
         max_tokens=None,
-        temperature=1.0,
+        temperature=0.7,
         learning_rate=3e-5,
         checkpoint_every=100,
         runs_dir=str(tmp_path),

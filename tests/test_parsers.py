@@ -4,7 +4,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.engine.parsers import PARSERS, FormatError, last_boxed, parse_verdict, strip_think
+from workbench.engine.parsers import (
+    PARSERS,
+    FormatError,
+    last_boxed,
+    parse_verdict,
+    parse_yes_no,
+    strip_think,
+)
+from workbench.engine.templating import evaluate
 
 
 def test_last_boxed_handles_nesting_and_takes_the_last():
@@ -29,6 +37,31 @@ def test_verdict_reads_the_whole_word_after_the_last_correctness(text, verdict):
 def test_verdict_report_is_the_text_before_correctness():
     out = parse_verdict("**Final Verdict** bad step 2.\n**Correctness**: Wrong")
     assert out["report"] == "**Final Verdict** bad step 2."
+
+
+@pytest.mark.parametrize(
+    ("text", "verdict"),
+    [
+        (" 6 + 4 = 10. Is 10 equal to 11? No", "wrong"),
+        (" 3 + 5 = 8. Is 8 equal to 8? Yes\n", "correct"),
+        ("No doubt: yes.", "correct"),  # the last whole word counts
+        ("Yesterday it said no", "wrong"),  # 'Yesterday' is not a whole 'yes'
+    ],
+)
+def test_yes_no_reads_the_last_whole_yes_or_no(text, verdict):
+    assert parse_yes_no(text)["verdict"] == verdict
+
+
+def test_yes_no_report_is_the_text_before_the_verdict_and_no_answer_is_a_format_error():
+    assert parse_yes_no(" 6 + 4 = 10. Is 10 equal to 11? No")["report"] == " 6 + 4 = 10. Is 10 equal to 11?"
+    with pytest.raises(FormatError, match="Yes or No"):
+        parse_yes_no(" 6 + 4 = 10. Is 10 equal to")
+
+
+def test_bindings_read_the_last_number_of_a_text():
+    assert evaluate("text | last_number or text", {"text": "6 + 4 = 10, so 10."}) == "10"
+    assert evaluate("text | last_number or text", {"text": "ten"}) == "ten"
+    assert evaluate("text | last_number", {"text": None}) is None
 
 
 def test_strip_think_keeps_only_the_final_answer():

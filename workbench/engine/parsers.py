@@ -159,6 +159,26 @@ def parse_verdict(text: str) -> dict[str, str]:
     return {"verdict": verdict, "report": report}
 
 
+_YES_NO = re.compile(r"\b(yes|no)\b")
+
+
+@register_parser("yes_no")
+def parse_yes_no(text: str) -> dict[str, str]:
+    """A verdict given as the answer to "is the solution right?": the last whole word Yes or No (Yes reads
+    as correct), plus the text before it as the report. A neutral pair: "Correct"/"Wrong" carry a prior
+    toward "Correct" in a small model that Yes/No do not."""
+    found = list(_YES_NO.finditer(text.lower()))
+    if not found:
+        raise FormatError("no verdict: expected a final Yes or No")
+    last = found[-1]
+    verdict = "correct" if last.group(1) == "yes" else "wrong"
+    return {"verdict": verdict, "report": text[: last.start()].rstrip()}
+
+
+VERDICT_PARSERS = frozenset({"verdict", "yes_no"})
+"""Parsers whose output carries a ``verdict`` ('correct' / 'wrong') that a verdict reward reads."""
+
+
 _OBJECT_START = re.compile(r'\{[ \t\n\r]*["}]')
 
 

@@ -233,9 +233,8 @@ class Rollout:
         except Exception as error:  # noqa: BLE001 - one broken branch must not stop the others
             record.status, record.error = "error", describe_error(error)
             return None
-        position = output.get("position")
-        if position is not None:
-            call = next(c for c in record.calls if c.position == position)
+        if self._passes_on(output, record):
+            call = next(c for c in record.calls if c.position == output["position"])
             source = next((c for c in record.calls if c.position == branch.source), None)
             rule = self.topology.roles[call.role].reward
             if rule.judge is not None and rule.kind == "answer":
@@ -244,7 +243,7 @@ class Rollout:
             else:
                 call.rewards = call_reward(rule, call, source, task) or {}
             branch.reward = call.rewards.get("reward")
-            branch.source = position
+            branch.source = call.position
         self._bind(node, output, branch.variables)
         return self._next(node, branch.variables)
 
@@ -297,11 +296,22 @@ class Rollout:
             node = flow.nodes[node_name]
             calls += 1
             output = await self._run_node(node_name, node, variables, state, parent, source)
-            source = output.get("position", source)
+            if self._passes_on(output, state.record):
+                source = output["position"]
             self._bind(node, output, variables)
             node_name = self._next(node, variables)
         template = self._answers[id(flow)]
         return (template.render(variables).strip() if template is not None else ""), status
+
+    def _passes_on(self, output: dict[str, Any], record: EpisodeRecord) -> bool:
+        """Whether the node's call becomes what the next call judges (its ``source``, and the upstream reward
+        a ``select`` reads). A call of a role rewarded ``none`` does not: it is a step inside the judgement
+        of the output before it (a check that a Verifier's verdict call reads), which stays the source."""
+        position = output.get("position")
+        if position is None:
+            return False
+        call = next(c for c in record.calls if c.position == position)
+        return call.role not in self.topology.roles or self.topology.roles[call.role].reward.kind != "none"
 
     async def _run_node(
         self,

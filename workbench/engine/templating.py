@@ -1,7 +1,7 @@
 """The Jinja2 environments for prompt templates (strict) and for conditions and bindings (lenient).
 
-Both are sandboxed and share the workbench's filters: ``majority`` (self-consistency voting)
-and ``boxed`` (the content of the last ``\\boxed{}``).
+Both are sandboxed and share the workbench's filters: ``majority`` (self-consistency voting),
+``boxed`` (the content of the last ``\\boxed{}``) and ``last_number`` (the last number in a text).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import jinja2
 import jinja2.sandbox
 
-from workbench.answers import last_boxed
+from workbench.answers import last_boxed, numbers
 
 
 def majority(values: list[Any]) -> Any:
@@ -23,6 +23,11 @@ def majority(values: list[Any]) -> Any:
 
 def boxed(text: Any) -> str | None:
     return last_boxed(text) if isinstance(text, str) else None
+
+
+def last_number(text: Any) -> str | None:
+    found = numbers(text) if isinstance(text, str) else []
+    return found[-1] if found else None
 
 
 class _Unset(jinja2.StrictUndefined):
@@ -41,7 +46,7 @@ class _Unset(jinja2.StrictUndefined):
 templates = jinja2.sandbox.ImmutableSandboxedEnvironment(undefined=_Unset, keep_trailing_newline=True)
 expressions = jinja2.sandbox.ImmutableSandboxedEnvironment()
 for _environment in (templates, expressions):
-    _environment.filters.update({"majority": majority, "boxed": boxed})
+    _environment.filters.update({"majority": majority, "boxed": boxed, "last_number": last_number})
 
 
 @functools.lru_cache(maxsize=4096)

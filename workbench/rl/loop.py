@@ -204,6 +204,9 @@ def run_training(
                 samples, topology, config.group_size, random.Random(f"{config.seed}-{step}"), stats
             )
             advantage_s = time.perf_counter() - t0
+            eval_metrics, held_out = {}, None
+            if eval_tasks and _eval_due(config, step):  # the policy this step rolled out with: before its update
+                eval_metrics, held_out = evaluate(greedy, eval_tasks, scheduler.run)
             trainer_metrics = trainer.step(samples, step)
             for m in policies.unique_models().values():
                 m.eval()
@@ -220,10 +223,7 @@ def run_training(
             )
             metrics.update(input_lag_metrics(got.episodes))
             metrics.update(got.metrics)
-            held_out = None
-            if eval_tasks and _eval_due(config, step):
-                eval_metrics, held_out = evaluate(greedy, eval_tasks, scheduler.run)
-                metrics.update(eval_metrics)
+            metrics.update(eval_metrics)
             metrics["time/step_s"] = time.perf_counter() - started
             metrics.update(
                 bubble_metrics(metrics["time/step_s"], busiest(backends) - busy_before, got.trainer_wait_s)

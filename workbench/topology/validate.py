@@ -10,7 +10,7 @@ import jinja2
 import jinja2.meta
 from pydantic import ValidationError
 
-from workbench.engine.parsers import PARSERS, POSTPROCESS
+from workbench.engine.parsers import PARSERS, POSTPROCESS, VERDICT_PARSERS
 from workbench.engine.templating import templates
 from workbench.topology.spec import (
     END,
@@ -242,11 +242,11 @@ def _check_reward(base: str, role: Role) -> list[Problem]:
                 f"balance verdicts weighs what a verdict judged; it needs kind verdict, not {rule.kind}",
             )
         )
-    if rule.kind == "verdict" and role.parser != "verdict":
+    if rule.kind == "verdict" and role.parser not in VERDICT_PARSERS:
         out.append(
             Problem(
                 f"{base}.reward.kind",
-                "a verdict reward reads the verdict parser's output; set parser: verdict",
+                "a verdict reward reads a verdict parser's output; set parser: verdict or yes_no",
             )
         )
     return out
