@@ -52,3 +52,9 @@ def last_boxed(text: str) -> str | None:
 def numbers(text: str) -> list[str]:
     """Every number in the text, thousands separators removed."""
     return [n.replace(",", "") for n in _NUMBER.findall(text)]
+
+
+def last_number(text: str) -> str | None:
+    """The last number in the text, or None."""
+    found = numbers(text)
+    return found[-1] if found else None

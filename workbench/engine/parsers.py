@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from workbench.answers import last_boxed, numbers
+from workbench.answers import last_boxed, last_number
 
 
 class FormatError(ValueError):
@@ -133,10 +133,10 @@ def parse_boxed(text: str) -> dict[str, str]:
 @register_parser("last_number")
 def parse_last_number(text: str) -> dict[str, str]:
     """The last number in the text (what small models answer when asked for 'just the number')."""
-    found = numbers(text)
-    if not found:
+    answer = last_number(text)
+    if answer is None:
         raise FormatError("no number in the output")
-    return {"answer": found[-1]}
+    return {"answer": answer}
 
 
 _VERDICT = re.compile(r"\b(correct|wrong|incorrect)\b")

@@ -233,8 +233,8 @@ class Rollout:
         except Exception as error:  # noqa: BLE001 - one broken branch must not stop the others
             record.status, record.error = "error", describe_error(error)
             return None
-        if self._passes_on(output, record):
-            call = next(c for c in record.calls if c.position == output["position"])
+        call = self._passed_on(output, record)
+        if call is not None:
             source = next((c for c in record.calls if c.position == branch.source), None)
             rule = self.topology.roles[call.role].reward
             if rule.judge is not None and rule.kind == "answer":
@@ -296,22 +296,24 @@ class Rollout:
             node = flow.nodes[node_name]
             calls += 1
             output = await self._run_node(node_name, node, variables, state, parent, source)
-            if self._passes_on(output, state.record):
-                source = output["position"]
+            passed_on = self._passed_on(output, state.record)
+            if passed_on is not None:
+                source = passed_on.position
             self._bind(node, output, variables)
             node_name = self._next(node, variables)
         template = self._answers[id(flow)]
         return (template.render(variables).strip() if template is not None else ""), status
 
-    def _passes_on(self, output: dict[str, Any], record: EpisodeRecord) -> bool:
-        """Whether the node's call becomes what the next call judges (its ``source``, and the upstream reward
+    def _passed_on(self, output: dict[str, Any], record: EpisodeRecord) -> CallRecord | None:
+        """The node's call if it becomes what the next call judges (its ``source``, and the upstream reward
         a ``select`` reads). A call of a role rewarded ``none`` does not: it is a step inside the judgement
         of the output before it (a check that a Verifier's verdict call reads), which stays the source."""
         position = output.get("position")
         if position is None:
-            return False
+            return None
         call = next(c for c in record.calls if c.position == position)
-        return call.role not in self.topology.roles or self.topology.roles[call.role].reward.kind != "none"
+        role = self.topology.roles.get(call.role)
+        return None if role is not None and role.reward.kind == "none" else call
 
     async def _run_node(
         self,

@@ -12,7 +12,8 @@ from typing import Any
 import jinja2
 import jinja2.sandbox
 
-from workbench.answers import last_boxed, numbers
+from workbench.answers import last_boxed
+from workbench.answers import last_number as _last_number
 
 
 def majority(values: list[Any]) -> Any:
@@ -26,8 +27,7 @@ def boxed(text: Any) -> str | None:
 
 
 def last_number(text: Any) -> str | None:
-    found = numbers(text) if isinstance(text, str) else []
-    return found[-1] if found else None
+    return _last_number(text) if isinstance(text, str) else None
 
 
 class _Unset(jinja2.StrictUndefined):

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Callable
 from fractions import Fraction
 
-from workbench.answers import all_boxed, last_boxed, numbers
+from workbench.answers import all_boxed, last_boxed, last_number, numbers
 
 Verifier = Callable[[str, str], float]
 VERIFIERS: dict[str, Verifier] = {}
@@ -50,8 +50,8 @@ def _final_answer(prediction: str) -> str:
     boxed = last_boxed(prediction)
     if boxed is not None:
         return boxed
-    found = numbers(prediction)
-    return found[-1] if found else prediction.strip()
+    number = last_number(prediction)
+    return number if number is not None else prediction.strip()
 
 
 @register("boxed_math", "math", "number")
