@@ -14,6 +14,7 @@ from workbench.store.codec import TokenOwner
 TASKS = {
     "marsrl": ("arithmetic", {"level": 1}),
     "marsrl_inference": ("arithmetic", {"level": 1}),
+    "marsrl_cpu": ("arithmetic", {"level": 1, "format": "plain"}),
     "mars": ("multihop", {"hops": 1}),
     "mars_cpu": ("multihop", {"hops": 1}),
     "matpo": ("multihop", {"hops": 2}),
@@ -49,7 +50,7 @@ def tiny():
     return HFBackend("tiny")
 
 
-def test_the_library_has_the_five_papers_marsrls_inference_loop_mars_at_cpu_scale_and_a_debate():
+def test_the_library_has_the_five_papers_marsrls_inference_loop_marsrl_and_mars_at_cpu_scale_and_a_debate():
     assert set(TASKS) == set(topo.library())
 
 

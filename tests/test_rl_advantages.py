@@ -143,6 +143,40 @@ def test_verdict_balancing_keeps_as_many_groups_judging_right_solutions_as_wrong
     assert sum(s.role == "solver" for s in out) == 8, "other roles are untouched"
 
 
+def _trained_verdict_groups(groups: list[tuple[bool, list[float]]]) -> list:
+    """The Verifier samples verdict balancing keeps with a gradient, from one group per (solution right?,
+    the group's verdict rewards)."""
+    topology = wb.load_topology("marsrl_cpu")
+    episodes = []
+    for i, (right, rewards) in enumerate(groups):
+        calls = [_call("solver", 0, float(right))]
+        for j, reward in enumerate(rewards):
+            call = _call("verifier1", 1 + j, reward, source=0)
+            call.rewards["judged_correct"] = float(right)
+            calls.append(call)
+        episodes.append(EpisodeRecord("q", "q", i, calls=calls))
+    samples = from_episodes(episodes)
+    compute_advantages(samples, episodes, topology)
+    out = balance(samples, topology, group_size=4, rng=random.Random(0))
+    return [s for s in out if s.role == "verifier1" and s.advantage != 0]
+
+
+def test_verdict_balancing_trains_wrong_solutions_once_right_ones_are_settled():
+    """Every verdict on the 3 right solutions was right (no gradient): the 2 groups on wrong ones train."""
+    settled, learning = [1.0] * 4, [1.0, 0.0, 0.0, 1.0]
+    trained = _trained_verdict_groups([(True, settled)] * 3 + [(False, learning)] * 2)
+    assert len({s.group for s in trained}) == 2
+    assert all(s.rewards["judged_correct"] == 0.0 for s in trained)
+
+
+def test_verdict_balancing_does_not_train_one_side_while_the_other_is_stuck():
+    """Every verdict on the 2 wrong solutions was wrong ("always Correct"): the right ones do not train it
+    further toward "Correct"."""
+    stuck, learning = [0.0] * 4, [1.0, 0.0, 1.0, 1.0]
+    trained = _trained_verdict_groups([(True, learning)] * 3 + [(False, stuck)] * 2)
+    assert trained == []
+
+
 def test_verdict_balancing_is_refused_for_a_role_without_verdicts():
     spec = wb.topology.to_dict(wb.load_topology("marsrl"))
     spec["roles"]["solver"]["reward"]["balance"] = "verdicts"

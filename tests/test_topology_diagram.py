@@ -65,6 +65,7 @@ def test_library_has_every_builtin() -> None:
     assert {
         "marsrl",
         "marsrl_inference",
+        "marsrl_cpu",
         "mars",
         "mars_cpu",
         "matpo",

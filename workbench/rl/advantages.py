@@ -143,23 +143,31 @@ def balance(
 def balance_verdicts(members: list[Sample], rng: random.Random) -> list[Sample]:
     """A verifier role's advantage groups, as many judging a correct solution as judging a wrong one.
 
-    Only groups that carry a gradient (some advantage not 0) are counted and dropped: whole groups of the
-    more common kind are drawn out at random. Without this, a step whose Solver was mostly right trains
-    the Verifier mostly to say "Correct", whatever it reads: the prior, not the check.
+    Only groups that carry a gradient (some advantage not 0) are dropped: whole groups of the more common
+    kind, drawn at random. Without this, a step whose Solver was mostly right trains the Verifier mostly
+    to say "Correct", whatever it reads: the prior, not the check. A group whose every verdict was right
+    counts on its side without a gradient, so once the Verifier is sure of right solutions its groups on
+    wrong ones still train; a side it gets all wrong (stuck on one verdict) counts nothing.
     """
     groups: dict[Any, list[Sample]] = defaultdict(list)
     for sample in members:
         groups[sample.group].append(sample)
     kept: list[Sample] = []
-    by_truth: dict[bool, list[list[Sample]]] = {True: [], False: []}
+    learning: dict[bool, list[list[Sample]]] = {True: [], False: []}
+    settled = {True: 0, False: 0}
     for group in groups.values():
-        if "judged_correct" not in group[0].rewards or all(s.advantage == 0 for s in group):
+        if "judged_correct" not in group[0].rewards:
             kept += group
+            continue
+        side = group[0].rewards["judged_correct"] >= 1.0
+        if all(s.advantage == 0 for s in group):
+            kept += group
+            settled[side] += all(s.reward >= 1.0 for s in group)
         else:
-            by_truth[group[0].rewards["judged_correct"] >= 1.0].append(group)
-    n = min(len(by_truth[True]), len(by_truth[False]))
-    for side in by_truth.values():
-        for group in rng.sample(side, n):
+            learning[side].append(group)
+    for side, other in ((True, False), (False, True)):
+        n = min(len(learning[side]), len(learning[other]) + settled[other])
+        for group in rng.sample(learning[side], n):
             kept += group
     return kept
 
