@@ -205,9 +205,8 @@ def run_training(
             )
             advantage_s = time.perf_counter() - t0
             eval_metrics, held_out = {}, None
-            if eval_tasks and _eval_due(
-                config, step
-            ):  # the policy this step rolled out with: before its update
+            # the held-out evaluation scores the policy this step rolled out with: before its update
+            if eval_tasks and _eval_due(config, step):
                 eval_metrics, held_out = evaluate(greedy, eval_tasks, scheduler.run)
             trainer_metrics = trainer.step(samples, step)
             for m in policies.unique_models().values():
