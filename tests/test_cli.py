@@ -1,4 +1,5 @@
-"""The `workbench` command as a user runs it: subcommands, the demo on the tiny model, one-line errors."""
+"""The `workbench` command as a user runs it: subcommands and one-line errors (the demo and the README's
+tour run as written in tests/test_readme_commands.py)."""
 
 import json
 import os
@@ -14,23 +15,6 @@ WORKBENCH = [sys.executable, "-m", "workbench.cli"]
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_DEBUG"}
     return subprocess.run([*WORKBENCH, *args], capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
-
-
-def test_demo_on_the_tiny_model_rolls_out_trains_and_draws_marsrl_figures(tmp_path):
-    runs, figures = tmp_path / "runs", tmp_path / "figures"
-    out = run(
-        "demo", "--model", "tiny", "--n", "2", "--max-tokens", "8", "--runs-dir", str(runs),
-        "--train-steps", "1", "--out", str(figures),
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr + out.stdout[-2000:]
-    assert "run stored in" in out.stdout and "solver" in out.stdout and "verifier1" in out.stdout
-    run_dirs = sorted(p for p in runs.iterdir() if p.is_dir())
-    assert len(run_dirs) == 2, "the rollout and the training run"
-    assert all((d / "run.db").exists() and (d / "config.yaml").exists() for d in run_dirs)
-    assert (figures / "marsrl" / "fig5_verifier" / "fig5_verifier.png").is_file()
-    assert f"figures and tables: {figures / 'index.html'}" in out.stdout
-    listed = run("runs", str(runs))
-    assert listed.returncode == 0 and all(d.name in listed.stdout for d in run_dirs)
 
 
 def test_tasks_generate_prints_one_json_task_per_line():

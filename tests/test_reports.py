@@ -12,7 +12,7 @@ import pytest
 
 from workbench.cli import main
 from workbench.reports.figures import figure_data
-from workbench.reports.reproduce import report_notebooks, reproduce
+from workbench.reports.reproduce import absolute_runs, report_notebooks, reproduce
 from workbench.reports.sample import SAMPLE_ROLLOUTS, SAMPLE_TOPOLOGIES, train_sample_runs
 from workbench.reports.series import RUNS_ENV, resolve_runs, run_spec, run_topology, select_runs
 from workbench.store import RunReader
@@ -49,6 +49,12 @@ def test_runs_are_named_by_label_id_or_folder(run_dir, tmp_path, monkeypatch):
     monkeypatch.delenv(RUNS_ENV)
     with pytest.raises(ValueError, match=f"pass runs=.* or set {RUNS_ENV}"):
         resolve_runs("")
+
+
+def test_run_paths_given_relative_to_the_shell_reach_the_notebooks_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert absolute_runs("a=runs/x, runs/y") == f"a={tmp_path}/runs/x,{tmp_path}/runs/y"
+    assert absolute_runs("") == ""
 
 
 def test_a_report_draws_only_its_papers_runs(sample_runs):

@@ -100,9 +100,10 @@ def _demo(args: argparse.Namespace) -> int:
     return main(
         model=args.model,
         n_tasks=args.n,
-        max_tokens=args.max_tokens,
         runs_dir=args.runs_dir,
         train_steps=args.train_steps,
+        eval_tasks=args.eval_tasks,
+        learning_rate=args.learning_rate,
         reports_out=args.out,
     )
 
@@ -269,22 +270,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_reproduce)
 
     p = sub.add_parser(
-        "demo", help="the main job: MarsRL on the local model: a rollout, brief training, its figures"
+        "demo", help="the main job: MarsRL's Solver and Verifier on the local model: roll out, train, figures"
     )
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--n", type=int, default=4)
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--n", type=int, default=4, help="problems in the first rollout")
     p.add_argument("--runs-dir", default="runs")
-    p.add_argument(
-        "--train-steps", type=int, default=2, help="MarsRL training steps after the rollout (0: none)"
-    )
+    p.add_argument("--train-steps", type=int, default=12, help="training steps after the rollout (0: none)")
+    p.add_argument("--eval-tasks", type=int, default=64, help="held-out problems scored before and after")
+    p.add_argument("--learning-rate", type=float, default=3e-5)
     p.add_argument("--out", default="reports-out", help="where the regenerated MarsRL figures go")
     p.set_defaults(func=_demo)
     return parser
 
 
+def quiet_progress_bars() -> None:
+    """No progress bars where stderr is not a terminal (a log file, CI): they fill logs with carriage returns.
+
+    Set in the environment, so the processes a command starts (a training child, papermill) inherit it.
+    """
+    if not sys.stderr.isatty():
+        os.environ.setdefault("TQDM_DISABLE", "1")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    quiet_progress_bars()
     try:
         return args.func(args)
     except KeyboardInterrupt:

@@ -1,77 +1,155 @@
-"""The main job behind ``make demo``: MarsRL on the local SmolLM2-135M, rolled out, trained, reported.
+"""The main job behind ``make demo``: MarsRL's Solver and Verifier on the local SmolLM2-135M, learning.
 
-1. A short rollout, summarised per role (the first episode's calls printed).
-2. A brief multi-agent GRPO run of the same topology (``train_steps`` steps, a held-out
-   evaluation after each), stored like any training run.
-3. ``workbench reproduce marsrl`` on that run: MarsRL's figures and tables, written under
-   ``reports_out`` with an ``index.html``.
+1. A rollout of ``marsrl_cpu`` (MarsRL's Solver -> Verifier at the scale of a 135M model: single-digit
+   addition, the Solver answering with the number, the Verifier checking the sum in a few-shot transcript
+   and answering Yes or No), summarised per role: calls, tokens, reward, format failures.
+2. Multi-agent GRPO on the same topology for ``train_steps`` steps, with a greedy held-out evaluation
+   before the first update and after the last, printed per role as base -> trained with the paired
+   standard error of the rise.
+3. ``workbench reproduce marsrl`` on that run: MarsRL's figures and tables under ``reports_out``.
+4. The next commands: the notebooks in JupyterLab, the dashboard on the run.
 
-It simplifies on purpose: easy arithmetic problems and short completions, so it finishes in a few
-minutes on two CPU cores while exercising every part a real run uses (local model, topology,
-engine, verifiers, run store, trainer, report notebooks).
+It simplifies on purpose (easy problems, short completions, a few minutes of training on two CPU cores)
+while exercising every part a real run uses: local model, topology, engine, verifiers, run store,
+trainer, report notebooks. The full ``marsrl`` topology needs a model that follows MarsRL's prompts
+(7B and up in the paper); a 135M model does not, and would show a system that does nothing.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import textwrap
 from pathlib import Path
+
+#: The demo's problems: single-digit addition asked for "just the number", where SmolLM2-135M is partly right.
+TASK_OPTIONS = {"level": 1, "format": "plain"}
 
 
 def main(
     model: str = "smollm2-135m",
-    topology: str = "marsrl",
+    topology: str = "marsrl_cpu",
     n_tasks: int = 4,
-    max_tokens: int = 64,
+    group_size: int = 4,
     runs_dir: str | Path = "runs",
     seed: int = 0,
-    train_steps: int = 2,
+    train_steps: int = 12,
+    eval_tasks: int = 64,
+    learning_rate: float = 3e-5,
     reports_out: str | Path = "reports-out",
 ) -> int:
+    """Roll out, train, evaluate and report; returns the exit code."""
+    rollout_dir = _roll_out(model, topology, n_tasks, group_size, runs_dir, seed)
+    if train_steps <= 0:
+        _print_next(runs_dir, rollout_dir)
+        return 0
+    run_dir = _train(model, topology, train_steps, group_size, eval_tasks, learning_rate, runs_dir, seed)
+    _print_held_out(run_dir)
+    code = _report(run_dir, Path(reports_out))
+    _print_next(runs_dir, run_dir)
+    return code
+
+
+def _roll_out(
+    model: str, topology: str, n_tasks: int, group_size: int, runs_dir: str | Path, seed: int
+) -> Path:
     from workbench.runs import rollout
-    from workbench.store import RunReader
     from workbench.tasks import generate
 
-    # SmolLM2-135M rarely writes \\boxed{} unprompted: ask for just the number, as DESIGN.md advises.
-    tasks = generate("arithmetic", n=n_tasks, seed=seed, level=1, format="plain")
+    tasks = generate("arithmetic", n=n_tasks, seed=seed, **TASK_OPTIONS)
     print(
-        f"==> rolling out '{topology}' on {model}: {len(tasks)} arithmetic problems, <= {max_tokens} tokens a call"
+        f"==> rolling out '{topology}' on {model}: {len(tasks)} addition problems, {group_size} samples each"
     )
-    # The paper samples at temperature 1.0 for training; a 135M model reads better a little cooler.
-    result = rollout(
-        topology,
-        tasks,
-        model=model,
-        max_tokens=max_tokens,
-        runs_dir=runs_dir,
-        seed=seed,
-        sampling={"temperature": 0.3},
-    )
-    reader = RunReader(result.run_dir)
-    calls = reader.calls()
-    print(f"\nrun stored in {result.run_dir}  ({len(calls)} calls, {result.seconds:.1f} s)")
-    print(f"final-answer accuracy: {result.accuracy:.2f} over {len(result.episodes)} episodes\n")
-    print(result.summary().to_string(float_format=lambda x: f"{x:.2f}"))
+    result = rollout(topology, tasks, model=model, group_size=group_size, runs_dir=runs_dir, seed=seed)
+    print(f"\n{len(result.episodes)} episodes stored in {result.run_dir} ({result.seconds:.1f} s)")
+    print(f"final-answer accuracy: {result.accuracy:.2f}\n")
+    print(result.summary().to_string(float_format=lambda x: f"{x:.2f}", na_rep="-"))
     first = result.episodes[0]
     print(f"\nfirst episode ({first.task_id}): {tasks[0].question!r} -> reference {tasks[0].answer}")
-    for call in first.calls:
-        text = textwrap.shorten(call.completion_text.replace("\n", " "), 110)
+    for call in first.calls[:6]:
+        text = textwrap.shorten(call.completion_text.replace("\n", " ").strip() or "(empty)", 100)
         print(f"  [{call.role}] {text}")
-    print(
-        f"\ninspect it: python -c \"import workbench as wb; print(wb.RunReader('{result.run_dir}').calls())\""
+    return result.run_dir
+
+
+def _train(
+    model: str,
+    topology: str,
+    steps: int,
+    group_size: int,
+    eval_tasks: int,
+    learning_rate: float,
+    runs_dir: str | Path,
+    seed: int,
+) -> Path:
+    from workbench.rl.config import TrainConfig
+    from workbench.training import create, run_here
+
+    config = TrainConfig(
+        topology=topology,
+        model=model,
+        tasks="arithmetic",
+        task_options=TASK_OPTIONS,
+        n_tasks=200,
+        eval_tasks=eval_tasks,
+        eval_every=0,
+        steps=steps,
+        batch_size=4,
+        group_size=group_size,
+        max_tokens=None,
+        learning_rate=learning_rate,
+        checkpoint_every=steps,
+        runs_dir=str(runs_dir),
+        seed=seed,
     )
-    if train_steps <= 0:
-        return 0
-    return _train_and_report(model, train_steps, min(max_tokens, 32), runs_dir, Path(reports_out))
+    print(
+        f"\n==> training '{topology}' on {model} for {steps} steps (multi-agent GRPO, agent-specific rewards); "
+        f"{eval_tasks} held-out problems scored before and after"
+    )
+    run_dir = create(config)
+    status = run_here(run_dir)
+    if status != "finished":
+        raise RuntimeError(f"the training run ended {status}; see {run_dir / 'run.log'}")
+    return run_dir
 
 
-def _train_and_report(model: str, steps: int, max_tokens: int, runs_dir: str | Path, out: Path) -> int:
+def _print_held_out(run_dir: Path) -> None:
+    """Per role, the greedy held-out score before training and after it, with the paired standard error."""
+    from workbench.rl.evaluation import OUTCOME, paired_rise
+    from workbench.store import RunReader
+
+    with RunReader(run_dir) as reader:
+        events = reader.events(kind="eval")
+    if len(events) < 2:
+        return
+    before, after = events["payload"].iloc[0]["tasks"], events["payload"].iloc[-1]["tasks"]
+    keys = sorted({k for scores in before.values() for k in scores} - {OUTCOME}) + [OUTCOME]
+    print(f"\nheld-out problems ({len(before)}, greedy): base -> trained, rise in paired standard errors")
+    for key in keys:
+        mean_before = sum(s[key] for s in before.values() if key in s) / len(before)
+        rise, se, _ = paired_rise(before, after, key)
+        label = "system (final answer)" if key == OUTCOME else key
+        print(
+            f"  {label:22} {mean_before:.2f} -> {mean_before + rise:.2f}  ({rise:+.2f} ± {se:.2f}: {rise / max(se, 1e-9):+.1f} SE)"
+        )
+
+
+def _report(run_dir: Path, out: Path) -> int:
     from workbench.reports.reproduce import reproduce, summarise
-    from workbench.reports.sample import train_sample_run
 
-    print(f"\n==> training '{model}' on MarsRL for {steps} step(s), held-out evaluation after each")
-    run_dir = train_sample_run(runs_dir, model=model, steps=steps, max_tokens=max_tokens)
-    print(f"training run stored in {run_dir}")
     print(
         f"\n==> regenerating MarsRL's figures and tables from it (workbench reproduce marsrl --runs {run_dir})"
     )
     return summarise(reproduce("marsrl", str(run_dir), out), out)
+
+
+def _print_next(runs_dir: str | Path, run_dir: Path) -> None:
+    bin_dir = Path(sys.executable).parent
+    shown = os.path.relpath(bin_dir) if bin_dir.resolve().is_relative_to(Path.cwd()) else str(bin_dir)
+    print(
+        "\n==> next\n"
+        f"  the notebooks:  make lab     (or {shown}/jupyter lab notebooks/)\n"
+        f"  the dashboard:  make serve   (or {shown}/workbench serve {runs_dir}), "
+        f"this run at http://localhost:5006/?run={run_dir.name}\n"
+        f"  inspect it:     {shown}/python -c \"import workbench as wb; print(wb.RunReader('{run_dir}').calls())\""
+    )

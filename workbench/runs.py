@@ -36,13 +36,15 @@ class RolloutResult:
         return sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
 
     def summary(self) -> Any:
-        """Per-role table: calls, mean completion tokens, format failures, truncations."""
+        """Per-role table: calls, mean completion tokens, mean reward (NaN for an unrewarded role), format
+        failures (outputs the role's parser could not read), truncations."""
         import pandas as pd
 
         rows = [
             {
                 "role": c.role,
                 "tokens": len(c.completion_ids),
+                "reward": c.rewards.get("reward") if c.rewards else None,
                 "format_failure": c.format_error is not None,
                 "truncated": c.finish_reason == "length",
             }
@@ -50,11 +52,13 @@ class RolloutResult:
             for c in e.calls
         ]
         if not rows:
-            return pd.DataFrame(columns=["calls", "mean_tokens", "format_failures", "truncated"])
+            return pd.DataFrame(columns=["calls", "mean_tokens", "reward", "format_failures", "truncated"])
         df = pd.DataFrame(rows)
+        df["reward"] = pd.to_numeric(df["reward"], errors="coerce")
         return df.groupby("role", sort=False).agg(
             calls=("tokens", "size"),
             mean_tokens=("tokens", "mean"),
+            reward=("reward", "mean"),
             format_failures=("format_failure", "mean"),
             truncated=("truncated", "mean"),
         )

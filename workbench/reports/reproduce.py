@@ -73,6 +73,17 @@ def _run_one(notebook: Path, runs: str, out: Path, benchmark: str, timeout: floa
     return NotebookResult(paper, name, out_dir, time.monotonic() - started, error, outputs)
 
 
+def absolute_runs(runs: str) -> str:
+    """``runs`` ('label=run_dir,...', a run directory or a folder of runs) with every path made absolute."""
+    if not runs.strip():
+        return runs
+    parts = []
+    for item in runs.split(","):
+        label, sep, path = item.rpartition("=")
+        parts.append(f"{label}{sep}{Path(path.strip()).expanduser().resolve()}" if path.strip() else item)
+    return ",".join(parts)
+
+
 def reproduce(
     papers: str | Sequence[str],
     runs: str,
@@ -86,7 +97,9 @@ def reproduce(
     notebooks = report_notebooks(papers, reports_dir)
     if not notebooks:
         raise ValueError(f"no report notebooks for {papers!r} under {reports_dir}")
-    out = Path(out)
+    # The notebooks run in their own folder: paths the user gave relative to here are made absolute.
+    out = Path(out).resolve()
+    runs = absolute_runs(runs)
     out.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         results = list(pool.map(lambda nb: _run_one(nb, runs, out, benchmark, timeout), notebooks))

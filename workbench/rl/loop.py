@@ -243,9 +243,12 @@ def run_training(
                 policy_version=policy_version - 1,
                 held_out=held_out,
             )
+            per_role = ", ".join(
+                f"{r} {v['reward/mean']:.2f}" for r, v in roles.items() if "reward/mean" in v
+            )
             log(
                 f"step {step}: reward {metrics.get('reward/mean', 0.0):.3f}, loss {metrics.get('loss', 0.0):.4f}, "
-                f"{metrics['time/step_s']:.1f} s"
+                f"{metrics['time/step_s']:.1f} s" + (f" (role rewards: {per_role})" if per_role else "")
             )
             if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
                 state = {"policy_version": policy_version, "updates": trainer.updates}
