@@ -77,11 +77,14 @@ chromium:
 	  || { echo "error: could not install chromium; run 'apt-get install -y chromium' as root"; exit 1; }; fi
 
 # Each phase prints its 15 slowest tests and its wall time; the times are summed up at the end.
+# The parallel phase's two workers run torch with one thread each (OMP_NUM_THREADS=1, inherited by the
+# processes they start): two processes of two OpenMP threads on two cores spin against each other, and
+# measured here the same two concurrent smollm2 test runs took 292 s with two threads each, 71 s with one.
 test: env-test chromium
 	@echo "==> ruff"
 	$(VENV)/bin/ruff check .
 	@echo "==> pytest, parallel phase (unit, integration, notebooks, browser, quick benchmarks)"
-	@start=$$SECONDS; $(VENV)/bin/pytest -n 2 --dist loadfile -m "not vllm" tests notebooks reports --nbval-lax \
+	@start=$$SECONDS; OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(VENV)/bin/pytest -n 2 --dist loadfile -m "not vllm" tests notebooks reports --nbval-lax \
 	  --durations=15 $(PYTEST_ARGS); rc=$$?; echo "parallel phase: $$((SECONDS - start)) s" | tee .test-phases; exit $$rc
 	@echo "==> pytest, vLLM phase (one engine at a time, nothing beside it)"
 	@start=$$SECONDS; $(VENV)/bin/pytest -m vllm tests --durations=15 $(PYTEST_ARGS); rc=$$?; \

@@ -43,11 +43,17 @@ VLLM_MODULES = {
 VLLM_PARAMS = {"vllm", "openai"}
 
 
+# The parallel phase hands whole files to its two workers in collection order (--dist loadfile). The longest
+# files go first, so that neither worker is left running one of them alone at the end.
+LONGEST_FIRST = ("test_learning.py", "test_cluster.py")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         if item.path.name in VLLM_MODULES or VLLM_PARAMS & {v for v in params.values() if isinstance(v, str)}:
             item.add_marker(pytest.mark.vllm)
+    items.sort(key=lambda item: item.path.name not in LONGEST_FIRST)  # stable: the rest keep their order
 
 
 # --- end vLLM phase ---

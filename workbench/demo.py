@@ -124,7 +124,10 @@ def _print_held_out(run_dir: Path) -> None:
         return
     before, after = events["payload"].iloc[0]["tasks"], events["payload"].iloc[-1]["tasks"]
     keys = sorted({k for scores in before.values() for k in scores} - {OUTCOME}) + [OUTCOME]
-    print(f"\nheld-out problems ({len(before)}, greedy): base -> trained, rise in paired standard errors")
+    print(
+        f"\nheld-out problems ({len(before)}, greedy): base -> trained, rise in paired standard errors "
+        "(a Verifier is scored on its verdicts about the Solver's own answers)"
+    )
     for key in keys:
         mean_before = sum(s[key] for s in before.values() if key in s) / len(before)
         rise, se, _ = paired_rise(before, after, key)
