@@ -43,8 +43,9 @@ VLLM_MODULES = {
 VLLM_PARAMS = {"vllm", "openai"}
 
 
-# The parallel phase hands whole files to its two workers in collection order (--dist loadfile). The longest
-# files go first, so that neither worker is left running one of them alone at the end.
+# The parallel phase hands whole files to its two workers in collection order (--dist loadfile with
+# --no-loadscope-reorder; xdist would otherwise order files by their number of tests). The longest files go
+# first, so that neither worker is left running one of them alone at the end.
 LONGEST_FIRST = ("test_learning.py", "test_cluster.py")
 
 
