@@ -82,35 +82,27 @@ def _train(
     runs_dir: str | Path,
     seed: int,
 ) -> Path:
-    from workbench.rl.config import TrainConfig
-    from workbench.training import create, run_here
+    from workbench.reports.sample import train_sample_run
 
-    config = TrainConfig(
-        topology=topology,
-        model=model,
-        tasks="arithmetic",
-        task_options=TASK_OPTIONS,
-        n_tasks=200,
-        eval_tasks=eval_tasks,
-        eval_every=0,
-        steps=steps,
-        batch_size=4,
-        group_size=group_size,
-        max_tokens=None,
-        learning_rate=learning_rate,
-        checkpoint_every=steps,
-        runs_dir=str(runs_dir),
-        seed=seed,
-    )
     print(
         f"\n==> training '{topology}' on {model} for {steps} steps (multi-agent GRPO, agent-specific rewards); "
         f"{eval_tasks} held-out problems scored before and after"
     )
-    run_dir = create(config)
-    status = run_here(run_dir)
-    if status != "finished":
-        raise RuntimeError(f"the training run ended {status}; see {run_dir / 'run.log'}")
-    return run_dir
+    return train_sample_run(
+        runs_dir,
+        topology=topology,
+        task_options=TASK_OPTIONS,
+        model=model,
+        steps=steps,
+        batch_size=4,
+        group_size=group_size,
+        max_tokens=None,
+        eval_tasks=eval_tasks,
+        eval_every=0,
+        n_tasks=200,
+        learning_rate=learning_rate,
+        seed=seed,
+    )
 
 
 def _print_held_out(run_dir: Path) -> None:

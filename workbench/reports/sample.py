@@ -29,10 +29,13 @@ def train_sample_run(
     eval_tasks: int = 4,
     **overrides: object,
 ) -> Path:
-    """Train ``topology`` for ``steps`` steps in the foreground; returns the finished run's directory."""
+    """Train ``topology`` for ``steps`` steps in the foreground; returns the finished run's directory.
+
+    ``overrides`` are further ``TrainConfig`` fields; they win over this function's defaults.
+    """
     from workbench.training import create, run_here
 
-    config = TrainConfig(
+    defaults = dict(
         topology=topology,
         tasks=tasks,
         model=model,
@@ -47,8 +50,8 @@ def train_sample_run(
         task_options={"level": 1} if task_options is None else task_options,
         checkpoint_every=steps,
         runs_dir=str(runs_dir),
-        **overrides,
     )
+    config = TrainConfig(**{**defaults, **overrides})
     run_dir = create(config)
     status = run_here(run_dir)
     if status != "finished":
