@@ -271,3 +271,21 @@ def test_the_cli_lists_every_config_field_and_rejects_a_bad_override(capsys):
     assert all(f"{f.name} = " in listed for f in dataclasses.fields(TrainConfig))
     assert main(["train", "--set", "group_size=0"]) == 2
     assert "group_size must be a positive integer" in capsys.readouterr().err
+
+
+def _fails_before_its_first_step(run_dir) -> None:
+    """A background run's work that fails the way a bad plugin would: before the loop opens the store."""
+    raise ValueError("tools.calculator.kind: unknown tool kind 'calculator'")
+
+
+def test_a_background_run_that_fails_early_says_why_in_its_log_error_and_status(tmp_path):
+    from workbench.training import launch
+
+    run = launch(create(_config(tmp_path)), _fails_before_its_first_step)
+    with pytest.raises(RuntimeError, match="unknown tool kind 'calculator'"):
+        run.wait(120)
+    assert run.process.exitcode == 1 and run.status == "failed"
+    assert run.error() == "ValueError: tools.calculator.kind: unknown tool kind 'calculator'"
+    log = run.log()
+    assert "Traceback" in log and "_fails_before_its_first_step" in log
+    assert "closed file" not in log and "lost sys.stderr" not in log

@@ -6,6 +6,8 @@ after that (loss, backward, clipping, AdamW step) is TRL's own ``train()``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from workbench.rl.samples import Sample
@@ -42,8 +44,10 @@ def trl_trainer(
     adam_eps: float,
     steps: int = 1,
     callbacks=(),
+    bf16: bool = False,
 ):
-    """A real ``trl.GRPOTrainer`` whose every step trains on ``samples`` (no generation)."""
+    """A real ``trl.GRPOTrainer`` whose every step trains on ``samples`` (no generation); ``bf16``: TRL's mixed
+    precision (accelerate's autocast over fp32 weights)."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -74,12 +78,18 @@ def trl_trainer(
         report_to=[],
         save_strategy="no",
         logging_steps=1,
-        use_cpu=True,
-        bf16=False,
+        use_cpu=next(model.parameters()).device.type == "cpu",
+        bf16=bf16,
         seed=0,
     )
+    processing_class = None
+    if not getattr(model.config, "_name_or_path", ""):  # a model made from a config (a perf shape): no files
+        from workbench.models.tiny import build_tokenizer
+
+        processing_class = build_tokenizer()
     trainer = FixedBatch(
         model=model,
+        processing_class=processing_class,
         reward_funcs=lambda completions, **kw: [0.0] * len(completions),
         args=args,
         train_dataset=Dataset.from_dict({"prompt": ["unused"] * len(samples) * steps}),
@@ -88,8 +98,38 @@ def trl_trainer(
     return trainer
 
 
-def trl_update(model, samples: list[Sample], loss_type: str, out_dir, lr: float, adam_eps: float) -> float:
-    """One TRL update of ``model`` on ``samples``; returns TRL's logged loss."""
-    trainer = trl_trainer(model, samples, loss_type, out_dir, lr, adam_eps)
+@dataclass
+class Update:
+    """What one update did: the logged loss, the pre-clip gradient norm, the (clipped) gradients the optimizer
+    stepped with, and the parameters after the step, by parameter name."""
+
+    loss: float
+    grad_norm: float
+    grads: dict[str, torch.Tensor]
+    params: dict[str, torch.Tensor]
+
+
+def named_grads(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def named_params(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().float().clone() for n, p in model.named_parameters()}
+
+
+def trl_update(
+    model, samples: list[Sample], loss_type: str, out_dir, lr: float, adam_eps: float, bf16: bool = False
+) -> Update:
+    """One TRL update of ``model`` on ``samples``."""
+    from transformers import TrainerCallback
+
+    grads: dict[str, torch.Tensor] = {}
+
+    class Capture(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):  # after clipping
+            grads.update(named_grads(model))
+
+    trainer = trl_trainer(model, samples, loss_type, out_dir, lr, adam_eps, callbacks=[Capture()], bf16=bf16)
     trainer.train()
-    return next(e["loss"] for e in trainer.state.log_history if "loss" in e)
+    logged = next(e for e in trainer.state.log_history if "loss" in e)
+    return Update(float(logged["loss"]), float(logged["grad_norm"]), grads, named_params(model))

@@ -86,6 +86,8 @@ def rollout(
     sampling: dict[str, Any] | None = None,
     judge: str | Backend | None = None,
     background: bool = False,
+    device: str = "auto",
+    dtype: str = "auto",
 ) -> RolloutResult | Any:
     """Run ``topology`` on every task (``group_size`` episodes each) and store the calls as step 0 of a new run.
 
@@ -98,7 +100,12 @@ def rollout(
 
     ``background=True`` returns a :class:`~workbench.training.BackgroundRun` at once and rolls out in a
     spawned process (backend and judge given by name); ``run.stop()`` cancels it, keeping finished episodes.
+
+    ``device``/``dtype`` place a backend given by name (``auto``: a GPU in bf16 where one exists, else the
+    CPU in fp32; ``cpu``, ``cuda``, ``cuda:N``; ``float32``, ``bfloat16``): the hf backend loads its model
+    there, vLLM takes ``dtype``.
     """
+    from workbench.models.placement import device_problem, dtype_problem
     from workbench.store import RunStore
     from workbench.tasks import save_jsonl
     from workbench.training import TASKS_FILE, launch, storage_errors
@@ -109,6 +116,9 @@ def rollout(
         topology = with_sampling(topology, **sampling)
     if not tasks:
         raise ValueError("no tasks to roll out: generate some with wb.generate_tasks or load a file")
+    problems = [p for p in (device_problem(device), dtype_problem(dtype)) if p]
+    if problems:
+        raise ValueError("; ".join(problems))
     if background and not (isinstance(backend, str) and (judge is None or isinstance(judge, str))):
         raise ValueError("a background rollout takes its backend and judge by name (e.g. backend='vllm')")
     config = {
@@ -121,6 +131,8 @@ def rollout(
         "seed": seed,
         "tasks": len(tasks),
         "judge": judge if isinstance(judge, str) or judge is None else type(judge).__name__,
+        "device": device,
+        "dtype": dtype,
     }
     store = RunStore.create(
         runs_dir, config=config, run_id=run_id, name=f"{topology.name} rollout", topology=topology.name
@@ -132,7 +144,7 @@ def rollout(
         finally:
             store.close()
         return launch(store.run_dir, rollout_here)
-    return _roll_out(store, topology, tasks, backend, model, group_size, max_tokens, judge)
+    return _roll_out(store, topology, tasks, backend, model, group_size, max_tokens, judge, device, dtype)
 
 
 def rollout_here(run_dir: str | Path) -> RolloutResult:
@@ -159,6 +171,8 @@ def rollout_here(run_dir: str | Path) -> RolloutResult:
         c["group_size"],
         c["max_tokens"],
         c.get("judge"),
+        c.get("device", "auto"),
+        c.get("dtype", "auto"),
         should_stop=stop_file.exists,
     )
 
@@ -172,9 +186,13 @@ def _roll_out(
     group_size: int,
     max_tokens: int | None,
     judge: str | Backend | None,
+    device: str = "auto",
+    dtype: str = "auto",
     should_stop: Any = None,
 ) -> RolloutResult:
-    engine_backend = make_backend(backend, model) if isinstance(backend, str) else backend
+    placed = {"hf": {"device": device, "dtype": dtype}, "vllm": {"dtype": None if dtype == "auto" else dtype}}
+    options = placed.get(backend, {}) if isinstance(backend, str) else {}
+    engine_backend = make_backend(backend, model, **options) if isinstance(backend, str) else backend
     try:
         store.set_status("running")
         started = time.perf_counter()

@@ -235,11 +235,47 @@ def launch(run_dir: Path, work: Callable[[Path], Any]) -> BackgroundRun:
 
 
 def _child(run_dir: str, work: Callable[[Path], Any]) -> None:
-    """The background process: output goes to the run's log, never into the notebook."""
+    """The background process: output goes to the run's log, never into the notebook.
+
+    An exception, wherever it happens (loading the spec or its plugins, before the first step, mid-step),
+    is written to the log with its traceback while the log is still open, and recorded in the run store
+    (``run.error()``, the dashboard) unless the loop recorded it already; the process then exits non-zero.
+    """
+    import traceback
+
     path = Path(run_dir)
+    streams = sys.stdout, sys.stderr
+    failed = False
     with open(path / LOG_FILE, "a", buffering=1) as log:
         sys.stdout = sys.stderr = log
-        work(path)
+        try:
+            work(path)
+        except BaseException as error:  # noqa: BLE001 - recorded here, then the process exits non-zero
+            failed = not isinstance(error, SystemExit) or error.code not in (0, None)
+            traceback.print_exc(file=log)
+            _record_failure(path, error)
+        finally:
+            sys.stdout, sys.stderr = streams  # never left pointing at the closed log
+    if failed:
+        sys.exit(1)
+
+
+def _record_failure(run_dir: Path, error: BaseException) -> None:
+    """Store ``error`` as the run's end, unless the run already recorded how it ended."""
+    from workbench.runs import record_end
+    from workbench.store import RunStore, StoreError
+
+    status = "stopped" if isinstance(error, KeyboardInterrupt) else "failed"
+    try:
+        store = RunStore.open(run_dir)
+    except (StoreError, OSError) as unopened:
+        print(f"the run store could not record this error: {unopened}", file=sys.stderr)
+        return
+    try:
+        if store.status not in ("failed", "stopped"):
+            record_end(store, error, status)
+    finally:
+        store.close()
 
 
 def run_here(run_dir: str | Path) -> str:

@@ -2,6 +2,7 @@
 
     python -m tests.perf.bench_engine --quick                 # tiny model, hf backend (CI)
     python -m tests.perf.bench_engine --model smollm2-135m --backends hf vllm
+    python -m tests.perf.bench_engine --model qwen2.5-0.5b --backends hf --tasks 64 --max-tokens 128   # a GPU
 
 The engine runs MarsRL (Solver -> Verifier -> Corrector ...) greedily over N problems at once. The
 baseline then sends the very same requests (the recorded prompt token ids and max_tokens, greedy)
@@ -16,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from tests.perf import shapes
 from tests.perf.runner import machine, now, write_json
 from workbench.backends import make_backend
 from workbench.backends.base import GenerationRequest
@@ -74,6 +77,12 @@ def measure(backend: Any, n_tasks: int, max_tokens: int) -> dict[str, Any]:
     }
 
 
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -90,8 +99,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     n_tasks = args.tasks or (8 if args.quick else 16)
     max_tokens = args.max_tokens or (16 if args.quick else 48)
     results: dict[str, Any] = {}
+    served = model
+    if model in shapes.names():  # a shape of tests/perf/shapes: random weights written to a checkpoint first
+        served = str(
+            shapes.materialize(model, Path(tempfile.mkdtemp(prefix="shape-")) / model, device=_device())
+        )
     for kind in kinds:
-        backend = make_backend(kind, model)
+        backend = make_backend(kind, served)
         try:
             results[kind] = measure(backend, n_tasks, max_tokens)
         finally:

@@ -2,6 +2,7 @@
 
     python -m tests.perf.bench_trainer --quick        # tiny model (CI)
     python -m tests.perf.bench_trainer                # smollm2-135m
+    python -m tests.perf.bench_trainer --device cuda --dtype bfloat16 --model qwen2.5-0.5b   # a GPU, both in bf16
 
 One single-role batch (random prompts and completions with a long-tailed length spread, fixed
 advantages), the same hyperparameters, the same model copied for both. Each side runs ``--steps``
@@ -22,11 +23,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import TrainerCallback
 
+from tests.perf.bench_precision import load_model
 from tests.perf.runner import machine, now, write_json
 from tests.trl_fixed_batch import trl_trainer
-from workbench.models import load
 from workbench.rl.loss import LossConfig
 from workbench.rl.samples import Sample
 from workbench.rl.trainer import OptimConfig, PolicyTrainer
@@ -64,23 +66,46 @@ class _Lockstep(TrainerCallback):
         self._started = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         self.durations.append(time.perf_counter() - self._started)
         self.done.release()
 
 
-def measure(model_name: str, n: int, prompt: int, completion: int, steps: int) -> dict[str, Any]:
-    base, _ = load(model_name)
+def measure(
+    model_name: str,
+    n: int,
+    prompt: int,
+    completion: int,
+    steps: int,
+    device: str = "cpu",
+    dtype: str = "float32",
+    token_budget: int = 4096,
+) -> dict[str, Any]:
+    base = load_model(model_name, torch.device(device), torch.float32)  # fp32 master weights on both sides
     samples = workload(base.config.vocab_size, n, prompt, completion)
     ours_model, trl_model = copy.deepcopy(base), copy.deepcopy(base)
     lr = 1e-6
-    ours = PolicyTrainer(
-        {"base": ours_model},
-        OptimConfig(learning_rate=lr, max_grad_norm=1.0, loss=LossConfig(aggregation="seq_mean_token_mean")),
+    config = OptimConfig(
+        learning_rate=lr,
+        max_grad_norm=1.0,
+        compute_dtype=dtype,
+        token_budget=max(token_budget, max(s.n_tokens for s in samples)),
+        loss=LossConfig(aggregation="seq_mean_token_mean"),
     )
+    ours = PolicyTrainer({"base": ours_model}, config)
     lockstep = _Lockstep()
     with tempfile.TemporaryDirectory() as out:
         trainer = trl_trainer(
-            trl_model, samples, "grpo", out, lr, 1e-8, steps=steps + 1, callbacks=[lockstep]
+            trl_model,
+            samples,
+            "grpo",
+            out,
+            lr,
+            1e-8,
+            steps=steps + 1,
+            callbacks=[lockstep],
+            bf16=dtype == "bfloat16",
         )
         errors: list[BaseException] = []
 
@@ -101,6 +126,8 @@ def measure(model_name: str, n: int, prompt: int, completion: int, steps: int) -
                 raise errors[0]
             started = time.perf_counter()  # then one of ours, alone
             ours.step(samples, step_index=i)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
             our_times.append(time.perf_counter() - started)
         thread.join()
     trl_times = lockstep.durations[1:]
@@ -127,17 +154,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--model", default=None)
     parser.add_argument("--samples", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--prompt", type=int, default=None, help="median prompt tokens")
+    parser.add_argument("--completion", type=int, default=None, help="median completion tokens")
+    parser.add_argument("--device", default="cpu", help="both trainers' device (cpu, cuda)")
+    parser.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16"], help="bfloat16: both autocast"
+    )
+    parser.add_argument("--token-budget", type=int, default=4096, help="our tokens per packed micro-batch")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     model = args.model or ("tiny" if args.quick else "smollm2-135m")
     n = args.samples or 16
     steps = args.steps or 3
     prompt, completion = (32, 24) if args.quick else (48, 32)
-    figures = measure(model, n, prompt, completion, steps)
+    prompt, completion = args.prompt or prompt, args.completion or completion
+    figures = measure(model, n, prompt, completion, steps, args.device, args.dtype, args.token_budget)
     report = {
         "benchmark": "trainer",
         "mode": "quick" if args.quick else "full",
         "model": model,
+        "device": args.device,
+        "dtype": args.dtype,
         "prompt_tokens_median": prompt,
         "completion_tokens_median": completion,
         **figures,

@@ -149,13 +149,49 @@ def render_trainer(r: dict) -> str:
         [
             f"**Trainer step against TRL** ({r['mode']} mode, {r['model']}, {r['samples']} samples, "
             f"{r['tokens']:,} tokens (TRL pads them to {r['padded_tokens_trl']:,}), mean of {r['steps']} steps after "
-            f"a warm-up, the two trainers alternating step by step, {r['machine']['cpus']} CPUs, {r['when']}):",
+            f"a warm-up, the two trainers alternating step by step, {r.get('dtype', 'float32')}, {_where(r)}, "
+            f"{r['when']}):",
             "",
             "| workbench step | `trl.GRPOTrainer` step | ratio (target <= 1.0) |",
             "|---|---|---|",
             f"| {r['workbench_step_s']:.2f} s | {r['trl_step_s']:.2f} s | {r['ratio']:.2f} |",
         ]
     )
+
+
+def _where(r: dict) -> str:
+    m = r["machine"]
+    return m["gpu"] if m.get("gpu") else f"{m['cpus']} CPUs"
+
+
+def render_precision(r: dict) -> str:
+    lora = ", LoRA per role on the frozen base" if r.get("lora") else ", full fine-tuning"
+    lines = [
+        f"**Trainer precision and memory** ({r['mode']} mode, {r['model']}{lora}, {r['samples']} samples, prompts "
+        f"~{r['prompt_tokens_median']} and completions ~{r['completion_tokens_median']} tokens, token budget "
+        f"{r['token_budget']:,}, {r['device']}, {_where(r)}, {r['when']}):",
+        "",
+        "| variant | step | trained tokens/s | peak memory | MFU |",
+        "|---|---|---|---|---|",
+    ]
+    for name, v in r["variants"].items():
+        if "error" in v:
+            reason = v["error"].strip().splitlines()[-1][:100] if v["error"].strip() else "failed"
+            lines.append(f"| {name} | failed: {reason} | | | |")
+            continue
+        mfu = f"{v['mfu']:.1%}" if v.get("mfu") is not None else "-"
+        lines.append(
+            f"| {name} | {v['step_s']:.3f} s | {v['tokens_per_s']:,.0f} | {v['peak_memory_gb']:.2f} GB | {mfu} |"
+        )
+    if r.get("ratios"):
+        lines.append("\nRatios: " + ", ".join(f"{k} {v:.2f}" for k, v in r["ratios"].items()) + ".")
+    same = r.get("cpu_vs_device_fp32")
+    if same:
+        lines.append(
+            f"\nOne fp32 step on the CPU and on {r['device']}, same weights and batch: loss differs by "
+            f"{same['loss_rel_diff']:.1e}, gradient norm by {same['grad_norm_rel_diff']:.1e} (relative)."
+        )
+    return "\n".join(lines)
 
 
 def render_dashboard_queries(r: dict) -> str:
@@ -252,6 +288,7 @@ RENDERERS = {
     "backends": render_backends,
     "packing": render_packing,
     "trainer": render_trainer,
+    "precision": render_precision,
     "dashboard_queries": render_dashboard_queries,
     "dashboard_load": render_dashboard_load,
     "schedulers": render_schedulers,
@@ -330,7 +367,7 @@ def section(results: Path = RESULTS) -> str:
     gpu = render_folder(results / "gpu") if (results / "gpu").is_dir() else ""
     parts.append(
         "### GPU profile\n\n"
-        + (gpu or "_No GPU figures yet: run `python -m tests.perf --profile gpu` on a GPU machine (above)._")
+        + (gpu or "_No GPU figures yet: run `bash tests/perf/gpu_check.sh` on a GPU machine (above)._")
     )
     return "\n\n".join(parts)
 

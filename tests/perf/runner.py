@@ -11,7 +11,11 @@ REPO = Path(__file__).resolve().parents[2]
 def machine(**extra: object) -> dict:
     """What a benchmark ran on (Python, CPUs, platform, plus ``extra``), for its JSON."""
     import platform
+    import sys
 
+    torch = sys.modules.get("torch")  # the GPU's name where a benchmark ran on one
+    if torch is not None and torch.cuda.is_available():
+        extra.setdefault("gpu", torch.cuda.get_device_name(0))
     return {
         "python": platform.python_version(),
         **extra,

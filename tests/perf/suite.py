@@ -164,6 +164,25 @@ def _backends(r: dict) -> list[dict]:
     ]
 
 
+def _precision(r: dict) -> list[dict]:
+    meanings = {
+        "bf16_vs_fp32_step": ("bf16 step vs fp32", "bf16 autocast step time / fp32 step time, same batch"),
+        "bf16+ckpt_memory_vs_without": (
+            "checkpointing memory (bf16)",
+            "peak memory with gradient checkpointing / without (< 1 = saves)",
+        ),
+        "bf16+ckpt_step_vs_without": (
+            "checkpointing step time (bf16)",
+            "step time with gradient checkpointing / without (the recompute's cost)",
+        ),
+    }
+    return [
+        headline(*meanings[key][:1], value, meanings[key][1])
+        for key, value in r["ratios"].items()
+        if key in meanings
+    ]
+
+
 @dataclass(frozen=True)
 class Benchmark:
     """One benchmark of the suite: its module, what it compares, and how to read its headline ratios."""
@@ -178,6 +197,7 @@ class Benchmark:
 BENCHMARKS: dict[str, Benchmark] = {
     "engine": Benchmark("bench_engine", "engine rollout against the raw backend", _engine),
     "trainer": Benchmark("bench_trainer", "trainer step against trl.GRPOTrainer", _trainer),
+    "precision": Benchmark("bench_precision", "bf16 and gradient checkpointing against fp32", _precision),
     "schedulers": Benchmark(
         "bench_schedulers", "pipeline and async schedulers against synchronous", _schedulers
     ),

@@ -20,6 +20,7 @@ from typing import Any
 from workbench.backends.base import BackendError, Generation, GenerationRequest, cut_at_stop, fit_to_context
 from workbench.backends.gqa_attention import use_gqa_attention
 from workbench.backends.hf_decode import decode
+from workbench.models.placement import Placement, placement_of
 
 
 class HFBackend:
@@ -28,19 +29,31 @@ class HFBackend:
     name = "hf"
 
     def __init__(
-        self, model: str | Path | Any, tokenizer: Any = None, max_batch: int = 128, dtype: str = "float32"
+        self,
+        model: str | Path | Any,
+        tokenizer: Any = None,
+        max_batch: int = 128,
+        dtype: str = "auto",
+        device: str = "auto",
+        placement: Placement | None = None,
     ):
-        import torch
+        """``model``: a registry name or path, loaded on ``device`` in ``dtype`` (``auto``: a GPU in bf16 where
+        one exists, else the CPU in fp32); or a model object, decoded where it is, under autocast to
+        ``placement``'s dtype if given (a trainer's fp32 master weights with bf16 compute)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if isinstance(model, str | Path):
             from workbench.models import resolve
 
             path = resolve(str(model))
-            self.model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+            placement = placement or Placement.resolve(device, dtype)
+            self.model = placement.place_frozen(
+                AutoModelForCausalLM.from_pretrained(path, dtype=placement.dtype)
+            )
             self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
         else:
             self.model, self.tokenizer = model, tokenizer
+        self.placement = placement or placement_of(self.model)
         use_gqa_attention(self.model).eval()
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
         self.max_batch = max_batch
@@ -169,7 +182,11 @@ class HFBackend:
             attention[i, width - len(r.prompt_ids) :] = 1
         if first.seed is not None:
             torch.manual_seed(first.seed)
-        completions, chosen = decode(self.model, self.tokenizer, input_ids, attention, rows, self.eos_ids)
+        device = self.model.get_input_embeddings().weight.device
+        with self.placement.autocast():
+            completions, chosen = decode(
+                self.model, self.tokenizer, input_ids.to(device), attention.to(device), rows, self.eos_ids
+            )
         elapsed = time.perf_counter() - started
         generations = []
         for i, r in enumerate(rows):

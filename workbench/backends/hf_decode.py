@@ -34,7 +34,8 @@ def decode(
     rows: list[GenerationRequest],
     eos_ids: list[int],
 ) -> tuple[list[list[int]], list[list[float]]]:
-    """Completion ids and raw log-probs per row of a left-padded batch (one sampling setting)."""
+    """Completion ids and raw log-probs per row of a left-padded batch (one sampling setting), decoded on the
+    device ``input_ids`` are on (the model's): the KV cache is made there."""
     from transformers import DynamicCache
 
     first = rows[0]
@@ -45,7 +46,7 @@ def decode(
     mask = attention
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
-    firsts, copy_of = _distinct_rows(input_ids, mask)
+    firsts, copy_of = (index.to(input_ids.device) for index in _distinct_rows(input_ids, mask))
     logits = model(
         input_ids=input_ids[firsts],
         attention_mask=mask[firsts],
@@ -62,15 +63,16 @@ def decode(
         token = _sample(logits, first)
         chosen = logits.float().log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
         keep = []
-        for j, i in enumerate(active):
-            ids[i].append(int(token[j]))
-            logprobs[i].append(float(chosen[j]))
+        # one device-to-host copy a step, not one a row
+        for j, (i, t, lp) in enumerate(zip(active, token.tolist(), chosen.tolist(), strict=True)):
+            ids[i].append(t)
+            logprobs[i].append(lp)
             if not done(i, ids[i]):
                 keep.append(j)
         if not keep:
             return ids, logprobs
         if len(keep) < len(active):
-            index = torch.tensor(keep)
+            index = torch.tensor(keep, device=token.device)
             cache.batch_select_indices(index)
             mask, token, position = mask[index], token[index], position[index]
             active = [active[j] for j in keep]

@@ -15,7 +15,6 @@ fails the step with ``TrainerLostError``; the run then resumes from its last che
 
 from __future__ import annotations
 
-import copy
 import os
 import socket
 from collections.abc import Callable
@@ -30,7 +29,6 @@ class TrainerRank:
     def __init__(self, spec: dict[str, Any], config: dict[str, Any], rank: int, size: int):
         import torch
 
-        from workbench.models import load as load_model
         from workbench.rl.config import TrainConfig
         from workbench.rl.policies import PolicySet
         from workbench.topology import from_dict
@@ -38,9 +36,9 @@ class TrainerRank:
         torch.manual_seed(int(config.get("seed", 0)))
         self.config = TrainConfig.from_dict(config)
         self.rank, self.size = rank, size
-        model, tokenizer = load_model(self.config.model)
-        self.ref = copy.deepcopy(model).eval() if self.config.kl_coef else None
-        self.policies = PolicySet.from_config(from_dict(spec), model, tokenizer, self.config)
+        self.policies, self.ref = PolicySet.load(
+            from_dict(spec), self.config, with_reference=bool(self.config.kl_coef)
+        )
         self.trainer: Any = None
 
     def address(self) -> str:
@@ -56,7 +54,7 @@ class TrainerRank:
         from workbench.rl.data_parallel import join
         from workbench.rl.trainer import PolicyTrainer
 
-        shard = join(address, self.rank, self.size)
+        shard = join(address, self.rank, self.size, on_gpu=self.policies.placement.device.type == "cuda")
         self.trainer = PolicyTrainer(
             self.policies.models,
             self.config.optim(),
@@ -81,7 +79,12 @@ class TrainerRank:
         return self.policies.state()
 
     def optimizer_state(self) -> dict[str, Any]:
-        return self.trainer.optimizer.state_dict()
+        """AdamW's state on the CPU: the driver that checkpoints it may have no GPU (``load_state_dict`` moves
+        it back to each parameter's device)."""
+        import torch
+
+        state = self.trainer.optimizer.state_dict()
+        return torch.utils._pytree.tree_map(lambda v: v.cpu() if isinstance(v, torch.Tensor) else v, state)
 
     def pid(self) -> int:
         return os.getpid()

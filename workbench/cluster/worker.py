@@ -18,7 +18,6 @@ class RolloutWorker:
         import torch
 
         from workbench.engine import Rollout
-        from workbench.models import load as load_model
         from workbench.rl.config import TrainConfig
         from workbench.rl.policies import PolicySet
         from workbench.topology import from_dict
@@ -26,8 +25,7 @@ class RolloutWorker:
         torch.manual_seed(seed)
         self.config = TrainConfig.from_dict(config)
         topology = from_dict(spec)
-        model, tokenizer = load_model(self.config.model)
-        self.policies = PolicySet.from_config(topology, model, tokenizer, self.config)
+        self.policies, _ = PolicySet.load(topology, self.config)
         for model in self.policies.unique_models().values():
             model.eval()
         self.backends = self.policies.backends(self.config.backend, self.config.model)

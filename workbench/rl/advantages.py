@@ -58,7 +58,7 @@ def compute_advantages(
     samples: list[Sample],
     episodes: Sequence[EpisodeRecord],
     topology: Topology,
-    eps: float = 1e-6,
+    eps: float = 1e-4,
     scale: bool = True,
 ) -> AdvantageStats:
     """Set ``group`` and ``advantage`` on every sample (in place); returns group statistics."""

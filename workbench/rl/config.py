@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from workbench.api_keys import url_hides_secrets
+from workbench.models.placement import Placement, device_problem, dtype_problem
 from workbench.rl.config_checks import field_problems
 from workbench.rl.loss import LossConfig
 from workbench.rl.trainer import OptimConfig
@@ -57,6 +58,22 @@ class TrainConfig:
     topology: str = _f("marsrl", "Built-in topology name or path to a YAML/JSON spec.")
     model: str = _f("smollm2-135m", "Model name from the local registry, a local path or a HF checkpoint.")
     backend: str = _f("hf", "Rollout backend: hf (shares the trained model object) or vllm (weights synced).")
+    device: str = _f(
+        "auto",
+        "Where the policies, KL reference, optimizer state, packed batches and the hf backend live: auto (cuda "
+        "where a GPU exists, else cpu), cpu, cuda or cuda:N.",
+    )
+    dtype: str = _f(
+        "auto",
+        "Compute precision: auto (bfloat16 on a GPU, float32 on a CPU), float32 or bfloat16. bfloat16 runs the "
+        "forward and backward under autocast with fp32 master weights and fp32 AdamW state; frozen copies (the KL "
+        "reference, a LoRA base) are stored in bfloat16.",
+    )
+    gradient_checkpointing: bool = _f(
+        False,
+        "Recompute each layer's activations during the backward pass: activation memory of one layer per micro-batch "
+        "instead of all of them (with token_budget, this bounds peak memory), for about one more forward of compute.",
+    )
     tasks: str = _f("arithmetic", "Task generator name (workbench tasks) or a JSONL/Parquet file of tasks.")
     task_options: dict = _f({}, "Keyword options of the task generator (e.g. {level: 1, format: plain}).")
     n_tasks: int = _f(256, "Training tasks to generate (ignored for a file).")
@@ -131,6 +148,10 @@ class TrainConfig:
         "over the ranks); 0: the update runs in the driver.",
     )
     cluster_cpus_per_trainer: float = _f(1.0, "CPUs Ray reserves for each trainer rank.")
+    cluster_gpus_per_trainer: float = _f(
+        0.0,
+        "GPUs Ray reserves for each trainer rank (1: each rank trains on its GPU and sums gradients over NCCL).",
+    )
     # ---- optimisation
     learning_rate: float = _f(1e-6, "AdamW learning rate (constant).")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
@@ -140,7 +161,11 @@ class TrainConfig:
     max_grad_norm: float | None = _f(1.0, "Gradient clipping norm; None: no clipping.")
     mini_batch_size: int | None = _f(None, "Samples per optimizer step; None: one step per rollout step.")
     ppo_epochs: int = _f(1, "Passes over the step's samples.")
-    token_budget: int = _f(4096, "Tokens per packed (padding-free) micro-batch.")
+    token_budget: int = _f(
+        4096,
+        "Tokens per packed (padding-free) micro-batch: what bounds the update's activation memory (a sample "
+        "longer than the budget gets a micro-batch of its own).",
+    )
     clip_low: float = _f(0.2, "PPO clip range below 1 (epsilon low).")
     clip_high: float = _f(0.2, "PPO clip range above 1 (epsilon high; DAPO's clip-higher uses 0.28).")
     dual_clip: float | None = _f(None, "Dual-clip constant c > 1 for negative advantages; None: off.")
@@ -155,7 +180,12 @@ class TrainConfig:
     mastered_prob: float | None = _f(
         None, "UloRL dynamic masking: drop positive-advantage tokens with old probability above this."
     )
-    advantage_eps: float = _f(1e-6, "Epsilon added to the group std.")
+    advantage_eps: float = _f(
+        1e-4,
+        "Epsilon added to the group std: TRL's default, so a TRL config's advantages carry over unchanged (with "
+        "0/1 rewards the std of a mixed group of G is at least 1/sqrt(G), so eps moves an advantage by under "
+        "1e-4 * sqrt(G): 0.04% at G = 16).",
+    )
     scale_advantages: bool = _f(True, "Divide by the group std (False: Dr. GRPO's plain centring).")
     # ---- bookkeeping
     seed: int = _f(0, "Seed of task generation, data order and update shuffling.")
@@ -184,6 +214,7 @@ class TrainConfig:
             problems.append(
                 f"stale_ratio must be recompute, behaviour or truncated, got {self.stale_ratio!r}"
             )
+        problems += [p for p in (device_problem(self.device), dtype_problem(self.dtype)) if p]
         if self.backend not in ("hf", "vllm"):
             problems.append(f"backend must be hf or vllm, got {self.backend!r}")
         judge = self.judge_backend
@@ -290,6 +321,8 @@ class TrainConfig:
             mini_batch_size=self.mini_batch_size,
             ppo_epochs=self.ppo_epochs,
             token_budget=self.token_budget,
+            compute_dtype=str(Placement.resolve(self.device, self.dtype).dtype).removeprefix("torch."),
+            gradient_checkpointing=self.gradient_checkpointing,
             temperature=self.temperature if self.temperature > 0 else 1.0,
             seed=self.seed,
             loss=LossConfig(

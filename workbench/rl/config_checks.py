@@ -73,6 +73,7 @@ IN_RANGE = {
     "cluster_cpus_per_worker": (0.0, math.inf, True, False),
     "cluster_gpus_per_worker": (0.0, math.inf, True, False),
     "cluster_cpus_per_trainer": (0.0, math.inf, True, False),
+    "cluster_gpus_per_trainer": (0.0, math.inf, True, False),
 }
 
 

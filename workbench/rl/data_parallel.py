@@ -4,7 +4,8 @@ Every rank holds the same weights and optimizer state, sees the whole step's sam
 mini-batches. It runs forward and backward on its share of each mini-batch (every ``size``-th sample)
 and the gradients are summed across the ranks (``torch.distributed``) before clipping and the optimizer
 step, so each rank applies the update one process would apply to the whole mini-batch. A lone trainer
-is rank 0 of 1, where the sums do nothing.
+is rank 0 of 1, where the sums do nothing. Ranks on GPUs reduce over NCCL, ranks on CPUs over gloo: the
+same code with another backend name.
 """
 
 from __future__ import annotations
@@ -37,8 +38,14 @@ class Shard:
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = defaultdict(list)
         for tensor in tensors:
             by_dtype[tensor.dtype].append(tensor)
+        # NCCL reduces tensors on this rank's GPU, gloo on the CPU: the same sums, another place
+        on = (
+            torch.device("cuda", torch.cuda.current_device())
+            if dist.get_backend() == "nccl"
+            else torch.device("cpu")
+        )
         for group in by_dtype.values():
-            flat = torch.cat([t.detach().reshape(-1) for t in group])
+            flat = torch.cat([t.detach().reshape(-1).to(on) for t in group])
             dist.all_reduce(flat)
             offset = 0
             for tensor in group:
@@ -46,14 +53,20 @@ class Shard:
                 offset += tensor.numel()
 
 
-def join(address: str, rank: int, size: int, timeout_s: float = 600.0) -> Shard:
-    """Join the group whose rank 0 listens at ``address`` (host:port), over gloo (the trainer runs on CPUs)."""
+def collective_backend(on_gpu: bool) -> str:
+    """The ``torch.distributed`` backend of a rank: NCCL where it holds a GPU, gloo on CPUs."""
+    return "nccl" if on_gpu else "gloo"
+
+
+def join(address: str, rank: int, size: int, timeout_s: float = 600.0, on_gpu: bool = False) -> Shard:
+    """Join the group whose rank 0 listens at ``address`` (host:port): over NCCL if this rank trains on a
+    GPU (``on_gpu``; every rank of a group must agree), else over gloo."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
     dist.init_process_group(
-        "gloo",
+        collective_backend(on_gpu),
         init_method=f"tcp://{address}",
         rank=rank,
         world_size=size,

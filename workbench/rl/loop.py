@@ -14,7 +14,6 @@ and discards the stored steps after it, so no step is lost or duplicated.
 
 from __future__ import annotations
 
-import copy
 import random
 import time
 from collections.abc import Callable
@@ -86,7 +85,6 @@ def run_training(
     import torch
 
     from workbench.engine import Rollout
-    from workbench.models import load as load_model
     from workbench.runs import record_end, with_sampling, write_step
     from workbench.store import RunStore
     from workbench.topology import load as load_topology
@@ -107,8 +105,10 @@ def run_training(
     store = RunStore.open(run_dir)
     scheduler = trainer = None
     try:
-        model, tokenizer = load_model(config.model)
-        policies = PolicySet.from_config(topology, model, tokenizer, config)
+        policies, ref = PolicySet.load(
+            topology, config, with_reference=bool(config.kl_coef) and not config.cluster_trainers
+        )
+        log(f"policies on {policies.placement.describe()}")
         if config.cluster_trainers:
             from workbench.cluster import TrainerGroup
             from workbench.topology import to_dict
@@ -120,10 +120,10 @@ def run_training(
                 policies,
                 config.cluster_trainers,
                 config.cluster_cpus_per_trainer,
+                config.cluster_gpus_per_trainer,
                 log=log,
             )
         else:
-            ref = copy.deepcopy(model).eval() if config.kl_coef else None
             trainer = PolicyTrainer(
                 policies.models, config.optim(), ref_model=ref, activate=policies.activate
             )

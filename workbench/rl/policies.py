@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from workbench.backends.wrapper import unwrap
+from workbench.models.placement import Placement
 from workbench.topology import Topology
 from workbench.topology.spec import Policy
 
@@ -52,12 +53,39 @@ class PolicySet:
         lora = {"r": config.lora_rank, "lora_alpha": config.lora_alpha, "target_modules": config.lora_targets}
         return cls(topology, model, tokenizer, config.policies, lora)
 
+    @classmethod
+    def load(cls, topology: Topology, config: Any, with_reference: bool = False) -> tuple[PolicySet, Any]:
+        """Load ``config.model`` where ``config.device``/``config.dtype`` say and build its policy set; with
+        ``with_reference`` also the frozen KL reference (else None).
+
+        Trained weights stay fp32 on the device (master weights); the reference and a LoRA base are stored
+        in the compute dtype (``workbench.models.placement``).
+        """
+        from workbench.models import load as load_model
+
+        placement = Placement.resolve(config.device, config.dtype)
+        frozen_base = config.policies == "lora"  # loaded in the compute dtype: a 7B base is 15 GB, not 30
+        options: dict[str, Any] = {"dtype": placement.dtype if frozen_base else torch.float32}
+        if placement.device.type == "cuda":
+            options["device_map"] = str(placement.device)  # straight onto the GPU, not through host memory
+        model, tokenizer = load_model(config.model, **options)
+        if not frozen_base:
+            placement.place_trained(model)
+        reference = placement.place_frozen(copy.deepcopy(model)).eval() if with_reference else None
+        policies = cls.from_config(topology, model, tokenizer, config)
+        policies.placement = placement
+        if policies.mode == "lora":
+            for peft_model in policies.unique_models().values():
+                placement.freeze_untrained(peft_model)
+        return policies, reference
+
     def __init__(
         self, topology: Topology, model: Any, tokenizer: Any, mode: str = "shared", lora: dict | None = None
     ):
         if mode not in {"shared", "lora", "separate"}:
             raise ValueError(f"policies must be shared, lora or separate, got {mode!r}")
         self.mode, self.tokenizer, self.names = mode, tokenizer, list(topology.policies)
+        self.placement = Placement(model.get_input_embeddings().weight.device, torch.float32)
         self._copies: dict[int, Any] = {}  # id of an hf backend serving a copy -> the trained model
         self.adapters: dict[str, str | None] = dict.fromkeys(self.names)
         if mode == "shared":
@@ -101,7 +129,7 @@ class PolicySet:
             made = {}
             for model in self.unique_models().values():
                 served = copy.deepcopy(model).eval() if own_weights else model
-                made[id(model)] = HFBackend(served, self.tokenizer)
+                made[id(model)] = HFBackend(served, self.tokenizer, placement=self.placement)
                 if own_weights:
                     self._copies[id(made[id(model)])] = model
             return {name: made[id(self.models[name])] for name in self.names}
@@ -152,12 +180,13 @@ class PolicySet:
         return {name: self.models[name] for name in seen.values()}
 
     def state(self) -> dict[str, torch.Tensor]:
-        """The trained weights (only the adapters for lora), keyed ``policy/parameter``."""
+        """The trained weights (only the adapters for lora), keyed ``policy/parameter``, on the CPU (they go to
+        checkpoints and to other processes, which may have no GPU)."""
         out = {}
         for name, model in self.unique_models().items():
             for key, value in model.state_dict().items():
                 if self.mode != "lora" or "lora_" in key:
-                    out[f"{name}/{key}"] = value.detach().contiguous()
+                    out[f"{name}/{key}"] = value.detach().to("cpu").contiguous()
         return out
 
     def load_state(self, weights: dict[str, torch.Tensor]) -> None:

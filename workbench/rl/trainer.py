@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from workbench.models.placement import DTYPES, Placement
 from workbench.rl.data_parallel import Shard
 from workbench.rl.loss import LossConfig, LossTerms, policy_loss
 from workbench.rl.packing import (
@@ -46,6 +47,8 @@ class OptimConfig:
     measure_role_gradients: bool = True
     block_attention: bool = True  # attention per sample inside packed rows (no masked-out blocks computed)
     share_prefixes: bool = True  # with block_attention: a prompt shared by several samples is computed once
+    compute_dtype: str = "float32"  # bfloat16: forward/backward under autocast, fp32 weights and AdamW state
+    gradient_checkpointing: bool = False  # recompute each layer's activations in the backward pass
     seed: int = 0
     loss: LossConfig = field(default_factory=LossConfig)
 
@@ -71,9 +74,15 @@ class PolicyTrainer:
         self.activate = activate or models.__getitem__
         self.config = config
         self.ref_model = ref_model
+        trained_models = {id(m): m for m in models.values()}.values()
         if config.block_attention:
-            for model in {id(m): m for m in [*models.values(), ref_model] if m is not None}.values():
+            for model in [*trained_models, *([ref_model] if ref_model is not None else [])]:
                 use_block_attention(model)
+        if config.gradient_checkpointing:
+            for model in trained_models:  # non-reentrant: no inputs that require grad needed (LoRA)
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        first = next(iter(trained_models))
+        self.placement = Placement(first.get_input_embeddings().weight.device, DTYPES[config.compute_dtype])
         unique: dict[int, torch.nn.Parameter] = {}
         for model in models.values():
             for p in model.parameters():
@@ -181,7 +190,8 @@ class PolicyTrainer:
             batch = collate(samples, micro, share_prefixes=self._sharing)
             model = model_of(samples[micro[0]])
             model.eval()
-            logps, _ = token_logprobs(model, batch, self.config.temperature)
+            with self.placement.autocast():
+                logps, _ = token_logprobs(model, batch, self.config.temperature)
             for j, i in enumerate(micro):
                 out[i] = logps[batch.sample_index == j].detach()
         return out
@@ -230,7 +240,8 @@ class PolicyTrainer:
                 batch = collate(trained, micro, share_prefixes=self._sharing)
                 model = self.activate(trained[micro[0]].policy)
                 model.train()
-                logps, entropy = token_logprobs(model, batch, cfg.temperature, with_entropy=True)
+                with self.placement.autocast():  # backward runs outside, in the dtypes autocast chose
+                    logps, entropy = token_logprobs(model, batch, cfg.temperature, with_entropy=True)
                 terms = self._terms(trained, micro, batch, logps, entropy, old, ref, denominator)
                 terms.loss.backward()
                 totals["loss"] += float(terms.loss.detach())
@@ -249,8 +260,9 @@ class PolicyTrainer:
                 part.append(p.grad if p.grad is not None else torch.zeros_like(p))
                 p.grad = None
             self.shard.sum_(part)
-            if roles:
-                role_sq[role if measure else roles[0]] += sum(float(g.pow(2).sum()) for g in part)
+            if roles:  # one device-to-host copy, not one a parameter
+                squares = torch.stack([g.float().pow(2).sum() for g in part]).sum()
+                role_sq[role if measure else roles[0]] += float(squares)
             gathered = part if gathered is None else [g.add_(q) for g, q in zip(gathered, part, strict=True)]
         self.shard.sum_([touched])
         for k, p in enumerate(self.parameters):  # AdamW leaves a parameter with no gradient alone
@@ -275,7 +287,7 @@ class PolicyTrainer:
     ) -> LossTerms:
         chosen = [samples[i] for i in micro]
         flat = lambda values: torch.tensor(  # noqa: E731 - a one-line local helper
-            [v for s in values for v in s], dtype=logps.dtype
+            [v for s in values for v in s], dtype=logps.dtype, device=logps.device
         )
         advantages = flat([[s.advantage] * len(s.completion_ids) for s in chosen])
         mask = flat([s.mask for s in chosen])
