@@ -24,6 +24,9 @@ def _models(args: argparse.Namespace) -> int:
 
 def _topology(args: argparse.Namespace) -> int:
     from workbench import topology
+    from workbench.engine import plugins
+
+    plugins.import_modules(args.plugins)  # a spec may name the tool kinds and verifiers they register
 
     if args.action == "list":
         print("\n".join(topology.library()))
@@ -193,6 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["list", "show", "validate", "schema", "diagram"])
     p.add_argument("source", nargs="?", default="marsrl", help="built-in name or YAML/JSON file")
     p.add_argument("--out", help="diagram file (.svg or .html; default: NAME.svg)")
+    p.add_argument(
+        "--plugins",
+        nargs="+",
+        default=[],
+        metavar="MODULE",
+        help="modules to import first: their tool kinds, verifiers and parsers are then known to the spec",
+    )
     p.set_defaults(func=_topology)
 
     p = sub.add_parser("tasks", help="list task generators or generate tasks")

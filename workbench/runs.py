@@ -14,7 +14,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from workbench.backends import Backend, make_backend
-from workbench.engine import EpisodeRecord, Rollout
+from workbench.engine import EpisodeRecord, Rollout, plugins
 from workbench.engine.runner import describe_error, run_sync
 from workbench.rl.metrics import rollout_metrics
 from workbench.tasks import Task
@@ -141,6 +141,8 @@ def rollout(
         try:
             with storage_errors(store.run_dir / TASKS_FILE):
                 save_jsonl(tasks, store.run_dir / TASKS_FILE)
+            with storage_errors(store.run_dir / plugins.PLUGINS_FILE):
+                plugins.save(store.run_dir)  # the notebook's own tool kinds and verifiers, for the process
         finally:
             store.close()
         return launch(store.run_dir, rollout_here)
@@ -158,6 +160,7 @@ def rollout_here(run_dir: str | Path) -> RolloutResult:
     from workbench.training import STOP_FILE, TASKS_FILE
 
     run_dir = Path(run_dir)
+    plugins.load(run_dir)  # before the spec: it may name their tool kinds and verifiers
     store = RunStore.open(run_dir)
     c = store.config
     tasks = load_tasks(run_dir / TASKS_FILE)

@@ -142,6 +142,7 @@ def train(
     ``config`` is a :class:`TrainConfig`, a dict, or a YAML file; keyword ``overrides`` set fields.
     ``topology`` (a name or a Topology) and ``tasks`` (a list of Task) override the config's.
     """
+    from workbench.engine import plugins
     from workbench.tasks import save_jsonl
     from workbench.topology import Topology, to_yaml
 
@@ -155,8 +156,14 @@ def train(
         config.topology = topology.name
     elif topology is not None:
         config.topology = str(topology)
+    registered = (
+        plugins.snapshot()
+    )  # the notebook's own tool kinds, verifiers, ...: refused before a run is made
     run_dir = create(config)
     # everything a resumed run needs lives in the run directory
+    if registered is not None:
+        with storage_errors(run_dir / plugins.PLUGINS_FILE):
+            (run_dir / plugins.PLUGINS_FILE).write_bytes(registered)
     if isinstance(topology, Topology):
         write_run_file(run_dir / TOPOLOGY_FILE, to_yaml(topology))
     if tasks is not None:
@@ -280,12 +287,14 @@ def _record_failure(run_dir: Path, error: BaseException) -> None:
 
 def run_here(run_dir: str | Path) -> str:
     """Train (or resume) the run in ``run_dir`` in this process; the CLI and the background process end up here."""
+    from workbench.engine import plugins
     from workbench.rl.loop import run_training
     from workbench.tasks import load_tasks
     from workbench.topology import load
 
     run_dir = Path(run_dir)
     config = run_config(run_dir)
+    plugins.load(run_dir, config.plugins)  # before the spec: it may name their tool kinds and verifiers
     topology = load(run_dir / TOPOLOGY_FILE) if (run_dir / TOPOLOGY_FILE).exists() else None
     tasks = load_tasks(run_dir / TASKS_FILE) if (run_dir / TASKS_FILE).exists() else None
     stop_file = run_dir / STOP_FILE

@@ -53,6 +53,7 @@ class RolloutPool:
         gpus_per_worker: float = 0.0,
         max_restarts: int = 3,
         log: Callable[[str], None] = print,
+        plugins: bytes | None = None,
     ):
         import ray
 
@@ -61,6 +62,7 @@ class RolloutPool:
         self.started_ray = connect(address)
         self._actor = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker)(RolloutWorker)
         self.spec, self.config, self.max_restarts, self.log = spec, config, max_restarts, log
+        self.plugins = plugins  # workbench.engine.plugins.snapshot() of the driver
         self._seeds = iter(range(int(config.get("seed", 0)) * 1000, 1 << 62))
         self._weights: tuple[Any, int] | None = None
         self.replaced = 0  # workers replaced over the pool's life
@@ -68,7 +70,7 @@ class RolloutPool:
         ray.get([w.pid.remote() for w in self.workers])  # every worker built (model loaded) before step 0
 
     def _new_worker(self) -> Any:
-        worker = self._actor.remote(self.spec, self.config, next(self._seeds))
+        worker = self._actor.remote(self.spec, self.config, next(self._seeds), self.plugins)
         if self._weights is not None:
             worker.set_weights.remote(*self._weights)  # runs before any later call on this actor
         return worker

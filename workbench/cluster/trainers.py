@@ -26,15 +26,20 @@ class TrainerLostError(RuntimeError):
 
 
 class TrainerRank:
-    def __init__(self, spec: dict[str, Any], config: dict[str, Any], rank: int, size: int):
+    def __init__(
+        self, spec: dict[str, Any], config: dict[str, Any], rank: int, size: int, plugins: bytes | None = None
+    ):
         import torch
 
+        from workbench.engine import plugins as run_plugins
         from workbench.rl.config import TrainConfig
         from workbench.rl.policies import PolicySet
         from workbench.topology import from_dict
 
         torch.manual_seed(int(config.get("seed", 0)))
         self.config = TrainConfig.from_dict(config)
+        run_plugins.import_modules(self.config.plugins)
+        run_plugins.restore(plugins)
         self.rank, self.size = rank, size
         self.policies, self.ref = PolicySet.load(
             from_dict(spec), self.config, with_reference=bool(self.config.kl_coef)
@@ -116,6 +121,7 @@ class TrainerGroup:
         cpus_per_rank: float = 1.0,
         gpus_per_rank: float = 0.0,
         log: Callable[[str], None] = print,
+        plugins: bytes | None = None,
     ):
         import ray
 
@@ -124,7 +130,7 @@ class TrainerGroup:
         self.started_ray = connect(address)
         self.policies, self.log = policies, log
         actor = ray.remote(num_cpus=cpus_per_rank, num_gpus=gpus_per_rank)(TrainerRank)
-        self.ranks = [actor.remote(spec, config, rank, size) for rank in range(size)]
+        self.ranks = [actor.remote(spec, config, rank, size, plugins) for rank in range(size)]
         leader = self._get([self.ranks[0].address.remote()])[0]
         self._get([rank.join.remote(leader) for rank in self.ranks])
         self.load(policies.state())

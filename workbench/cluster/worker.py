@@ -14,16 +14,19 @@ from typing import Any
 
 
 class RolloutWorker:
-    def __init__(self, spec: dict[str, Any], config: dict[str, Any], seed: int):
+    def __init__(self, spec: dict[str, Any], config: dict[str, Any], seed: int, plugins: bytes | None = None):
         import torch
 
         from workbench.engine import Rollout
+        from workbench.engine import plugins as run_plugins
         from workbench.rl.config import TrainConfig
         from workbench.rl.policies import PolicySet
         from workbench.topology import from_dict
 
         torch.manual_seed(seed)
         self.config = TrainConfig.from_dict(config)
+        run_plugins.import_modules(self.config.plugins)  # the run's own tool kinds, verifiers, ... first
+        run_plugins.restore(plugins)
         topology = from_dict(spec)
         self.policies, _ = PolicySet.load(topology, self.config)
         for model in self.policies.unique_models().values():

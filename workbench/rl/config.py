@@ -90,6 +90,11 @@ class TrainConfig:
     lora_rank: int = _f(8, "LoRA rank (policies: lora).")
     lora_alpha: int = _f(16, "LoRA alpha (policies: lora).")
     lora_targets: str | list = _f("all-linear", "LoRA target modules (policies: lora).")
+    plugins: list = _f(
+        [],
+        "Modules imported first in every process of the run (background, resume, CLI, Ray workers): importing them "
+        "registers their tool kinds, verifiers, parsers. What a notebook registers travels by value without this.",
+    )
     # ---- rollout
     steps: int = _f(10, "Training steps (each: roll out, score, update, sync weights).")
     batch_size: int = _f(8, "Tasks per step.")

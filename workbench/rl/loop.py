@@ -84,7 +84,7 @@ def run_training(
     """
     import torch
 
-    from workbench.engine import Rollout
+    from workbench.engine import Rollout, plugins
     from workbench.runs import record_end, with_sampling, write_step
     from workbench.store import RunStore
     from workbench.topology import load as load_topology
@@ -122,6 +122,7 @@ def run_training(
                 config.cluster_cpus_per_trainer,
                 config.cluster_gpus_per_trainer,
                 log=log,
+                plugins=plugins.snapshot(),
             )
         else:
             trainer = PolicyTrainer(
@@ -167,6 +168,7 @@ def run_training(
                 config.cluster_gpus_per_worker,
                 config.cluster_max_restarts,
                 log=log,
+                plugins=plugins.snapshot(),
             )
             scheduler = ClusterScheduler(pool, batch_for, config.group_size, policies.state, policy_version)
         else:
