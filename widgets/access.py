@@ -5,22 +5,29 @@ A users file (JSON) maps each user name to a role and a PBKDF2 password hash, ne
     {"users": {"ada": {"role": "operator", "password": "pbkdf2_sha256$600000$<salt>$<hash>"}}}
 
 ``workbench users add FILE NAME --role viewer`` writes an entry (the password is read from the
-``WORKBENCH_PASSWORD`` environment variable or prompted for). Viewers read; operators may also launch and
-stop runs. ``LoginProvider`` plugs into Panel's server (a Bokeh auth provider): a login form, a signed
-``HttpOnly``, ``SameSite=Strict`` session cookie (``Secure`` over HTTPS), and a lockout after repeated
-failed logins from one address.
+``WORKBENCH_PASSWORD`` environment variable or prompted for; the file is replaced in one move, so a
+running server never reads half of it). Viewers read; operators may also launch and stop runs.
+
+Hashes are compared in constant time, and an unknown name costs the same hash as a known one.
+``PasswordChecks`` runs those hashes (0.2-1 s each) on two worker threads, never on the server's event
+loop, and refuses new ones while too many wait. ``LoginThrottle`` locks out, for a minute, both an address
+and an account after five failed sign-ins within a minute; a success forgets only the failures of that
+account from that address, so signing in to one's own account does not reset the count of guesses at
+another.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
-import functools
 import hashlib
 import hmac
 import json
+import os
 import secrets
 import time
-from collections import defaultdict, deque
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,9 +35,12 @@ from typing import Any
 ROLES = ("viewer", "operator")
 HASH_SCHEME = "pbkdf2_sha256"
 HASH_ITERATIONS = 600_000
-#: Failed logins from one address within LOCKOUT_WINDOW_S before it is locked out for that long.
+#: Failed logins from one address, or for one account, within LOCKOUT_WINDOW_S before it is locked out.
 MAX_FAILED_LOGINS = 5
 LOCKOUT_WINDOW_S = 60.0
+#: Password checks that run at once (on threads: hashlib releases the GIL), and that may wait for one.
+CHECK_WORKERS = 2
+MAX_WAITING_CHECKS = 16
 
 
 class AccessError(ValueError):
@@ -49,7 +59,7 @@ def check_password(password: str, stored: str) -> bool:
     """Whether ``password`` matches the stored hash (constant-time comparison)."""
     try:
         scheme, iterations, salt, digest = stored.split("$")
-        if scheme != HASH_SCHEME:
+        if not hmac.compare_digest(scheme, HASH_SCHEME):
             return False
         actual = hashlib.pbkdf2_hmac("sha256", password.encode(), _unb64(salt), int(iterations))
     except (ValueError, TypeError):
@@ -110,9 +120,10 @@ class Users:
         return cls(users)
 
     def authenticate(self, name: str, password: str) -> User | None:
+        """The user if ``password`` is theirs; slow on purpose (one PBKDF2): call it off the event loop."""
         user = self.users.get(name)
         if user is None:
-            check_password(password, _dummy_hash())  # same work whether or not the name exists
+            check_password(password, _UNKNOWN_USER)  # same work whether or not the name exists
             return None
         return user if check_password(password, user.password_hash) else None
 
@@ -121,9 +132,8 @@ class Users:
         return None if user is None else user.role
 
 
-@functools.cache
-def _dummy_hash() -> str:
-    return hash_password("not-a-password")
+#: What an unknown name's password is checked against: a full PBKDF2 that matches no password.
+_UNKNOWN_USER = f"{HASH_SCHEME}${HASH_ITERATIONS}${_b64(bytes(16))}${_b64(bytes(32))}"
 
 
 def add_user(path: str | Path, name: str, password: str, role: str) -> None:
@@ -137,29 +147,70 @@ def add_user(path: str | Path, name: str, password: str, role: str) -> None:
     path = Path(path)
     data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"users": {}}
     data.setdefault("users", {})[name] = {"role": role, "password": hash_password(password)}
-    path.write_text(json.dumps(data, indent=2) + "\n")
-    path.chmod(0o600)
+    fresh = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    fresh.touch(mode=0o600)
+    fresh.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(fresh, path)  # a running dashboard reloads the file: it sees the old one or the new one
 
 
 class LoginThrottle:
-    """Counts failed logins per address; an address with too many recent failures is locked out."""
+    """Counts failed logins per address and per account; either with too many recent failures is locked out.
+
+    One failure is one record (time, address, account), kept for ``window_s``: the record count is bounded
+    by how fast passwords can be checked, whatever names and addresses a guesser makes up.
+    """
 
     def __init__(self, limit: int = MAX_FAILED_LOGINS, window_s: float = LOCKOUT_WINDOW_S) -> None:
         self.limit, self.window_s = limit, window_s
-        self._failures: dict[str, deque[float]] = defaultdict(deque)
+        self._failures: deque[tuple[float, str, str | None]] = deque()
 
-    def _recent(self, address: str, now: float) -> deque[float]:
-        failures = self._failures[address]
-        while failures and now - failures[0] > self.window_s:
-            failures.popleft()
-        return failures
-
-    def locked(self, address: str, now: float | None = None) -> bool:
-        return len(self._recent(address, time.monotonic() if now is None else now)) >= self.limit
-
-    def failed(self, address: str, now: float | None = None) -> None:
+    def _recent(self, now: float | None) -> deque[tuple[float, str, str | None]]:
         now = time.monotonic() if now is None else now
-        self._recent(address, now).append(now)
+        while self._failures and now - self._failures[0][0] > self.window_s:
+            self._failures.popleft()
+        return self._failures
 
-    def succeeded(self, address: str) -> None:
-        self._failures.pop(address, None)
+    def locked(self, address: str, account: str | None = None, now: float | None = None) -> bool:
+        """Whether sign-ins from ``address``, or to ``account``, are refused for now."""
+        failures = self._recent(now)
+        from_address = sum(1 for _, where, _ in failures if where == address)
+        for_account = sum(1 for _, _, name in failures if account is not None and name == account)
+        return from_address >= self.limit or for_account >= self.limit
+
+    def failed(self, address: str, account: str | None = None, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self._recent(now).append((now, address, account))
+
+    def succeeded(self, address: str, account: str | None = None) -> None:
+        """Forget the failures of ``account`` from ``address`` (a typo put right), and nothing else."""
+        kept = [f for f in self._failures if (f[1], f[2]) != (address, account)]
+        self._failures = deque(kept)
+
+
+class ChecksBusy(RuntimeError):
+    """Too many password checks are waiting; the caller should answer 503 and let the client retry."""
+
+
+class PasswordChecks:
+    """Checks passwords on ``workers`` threads, off the event loop, with at most ``waiting`` queued."""
+
+    def __init__(self, workers: int = CHECK_WORKERS, waiting: int = MAX_WAITING_CHECKS) -> None:
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="wb-password")
+        self.limit = workers + waiting
+        self.pending = 0
+
+    @property
+    def busy(self) -> bool:
+        return self.pending >= self.limit
+
+    async def authenticate(self, users: Users, name: str, password: str) -> User | None:
+        """``users.authenticate`` on a worker thread; raises ChecksBusy when too many are pending."""
+        if self.busy:
+            raise ChecksBusy("too many sign-ins at once")
+        self.pending += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._pool, users.authenticate, name, password
+            )
+        finally:
+            self.pending -= 1

@@ -1,9 +1,10 @@
 """The dashboard's operator requests over HTTP: launch a run, stop a run; refused to anyone but an operator.
 
 ``POST /api/runs`` (a JSON body of RunLauncher fields) starts a rollout or training run; ``POST
-/api/runs/<run_id>/stop`` asks a run to stop. Both read the user from the signed session cookie on
-the server and answer 401 without one and 403 for a viewer, whatever the request says. Bodies must be
-``application/json``, which a cross-site form cannot send (no CSRF through a signed-in browser).
+/api/runs/<run_id>/stop`` asks a run to stop. Both look the session of the signed cookie up on the
+server (``widgets.sessions``) and answer 401 without a live one and 403 for a viewer, whatever the
+request says. Bodies must be ``application/json``, which a cross-site form cannot send (no CSRF through a
+signed-in browser), and at most ``JSON_BODY_BYTES`` long: a longer one gets 413 before it is read.
 Without a users file (a dashboard bound to localhost only) the local user is the operator.
 """
 
@@ -14,25 +15,26 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from tornado.web import RequestHandler
-
-from widgets.access import Users
-from widgets.login import signed_in_user
+from widgets.gate import JSON_BODY_BYTES, SmallBodyHandler
+from widgets.sessions import Sessions
 
 log = logging.getLogger("workbench.dashboard")
 
 
-class OperatorHandler(RequestHandler):
+class OperatorHandler(SmallBodyHandler):
     runs_dir: Path
-    users: Users | None
+    sessions: Sessions | None
+    max_body_bytes = JSON_BODY_BYTES
 
     def _operator(self) -> str | None:
-        """The signed-in operator's name, or None after answering 401/403/415."""
-        if self.users is None:
+        """The signed-in operator's name, or None after answering 401/403/413/415."""
+        if self.refused:  # the body was too large: answered 413
+            return None
+        if self.sessions is None:
             user, role = "local", "operator"
         else:
-            user = signed_in_user(self, self.users)
-            role = self.users.role(user)
+            session = self.sessions.of_request(self.request)
+            user, role = (session.user, session.role) if session is not None else (None, None)
         if user is None:
             self._error(401, "sign in first")
             return None
@@ -48,9 +50,6 @@ class OperatorHandler(RequestHandler):
     def _error(self, status: int, message: str) -> None:
         self.set_status(status)
         self.finish({"error": message})
-
-    def check_xsrf_cookie(self) -> None:  # the JSON content type stands in for an XSRF token
-        pass
 
 
 class StopHandler(OperatorHandler):
@@ -81,7 +80,7 @@ class LaunchHandler(OperatorHandler):
         if self._operator() is None:
             return
         try:
-            fields: dict[str, Any] = json.loads(self.request.body or b"{}")
+            fields: dict[str, Any] = json.loads(self.body or b"{}")
             launcher = RunLauncher(runs_dir=self.runs_dir, **fields)
             handle = launcher.launch()
         except (ValueError, TypeError) as error:
@@ -90,9 +89,9 @@ class LaunchHandler(OperatorHandler):
         self.finish({"run": handle.run_dir.name, "status": launcher.status})
 
 
-def operator_routes(runs_dir: Path, users: Users | None) -> list[tuple[str, type, dict]]:
+def operator_routes(runs_dir: Path, sessions: Sessions | None) -> list[tuple[str, type, dict]]:
     """Tornado routes for ``pn.serve(extra_patterns=...)``."""
-    bound = {"runs_dir": Path(runs_dir), "users": users}
+    bound = {"runs_dir": Path(runs_dir), "sessions": sessions}
     return [
         (r"/api/runs/([^/]+)/stop", type("BoundStop", (StopHandler,), bound), {}),
         (r"/api/runs", type("BoundLaunch", (LaunchHandler,), bound), {}),

@@ -2,13 +2,19 @@
 
 Bound to localhost (the default) without a users file, the one local user is an operator. Bound to
 any other address, a users file is required (``--users``, see ``widgets.access``) and every page,
-websocket and operator request needs a signed-in user; viewers read, operators may also launch and
-stop runs. The cookie secret comes from ``WORKBENCH_COOKIE_SECRET`` or a file, else a random one per
-server start (sessions then end with the server); it is never taken from a URL or written to a log.
+websocket and operator request needs a live server-side session (``widgets.sessions``); viewers read,
+operators may also launch and stop runs. The cookie secret comes from ``WORKBENCH_COOKIE_SECRET`` or a
+file, else a random one per server start; it is never taken from a URL or written to a log.
+
+In front of Panel and Bokeh stands ``widgets.gate``: before sign-in only the login page answers, no URL
+makes the server import a module or read a file it names, malformed paths get 400, and no request body
+over 64 KB is read (the login form and the JSON API: a few KB). Once a second the server also reads the
+users file again if it changed and closes the websockets of sessions that ended (logout, a removed user,
+a changed role), so an open tab stops too.
 
 Bokeh copies a page request's cookies and headers into the session token it embeds in the page, where
 scripts can read it; the ``HttpOnly`` session cookie would be readable there too. So the cookie and the
-``Cookie`` header are kept out of that token, and the token carries the signed-in user instead, signed
+``Cookie`` header are kept out of that token, and the token carries the session id instead, signed
 under another name (``wb_session``) so that it can never be replayed as the cookie.
 """
 
@@ -24,16 +30,22 @@ from typing import Any
 
 import panel as pn
 from bokeh.application.handlers.handler import Handler
+from bokeh.util.token import get_token_payload
 from panel.io.application import build_applications
+from tornado.ioloop import PeriodicCallback
 from tornado.web import create_signed_value, decode_signed_value
 
-from widgets.access import AccessError, Users
-from widgets.login import COOKIE, SESSION_DAYS, LoginProvider
+from widgets.access import AccessError
+from widgets.gate import MAX_BODY_BYTES, component_route, gate_rule
+from widgets.login import LoginProvider
 from widgets.operator_api import operator_routes
+from widgets.sessions import COOKIE, SESSION_DAYS, Sessions
 
 COOKIE_SECRET_ENV = "WORKBENCH_COOKIE_SECRET"
-#: The signed-in user in a session's token (signed under this name, so never valid as the cookie).
+#: The session id in a Bokeh session's token (signed under this name, so never valid as the cookie).
 SESSION_KEY = "wb_session"
+#: How often ended sessions lose their open websockets (and the users file is checked for changes).
+SWEEP_S = 1.0
 log = logging.getLogger("workbench.dashboard")
 
 
@@ -56,44 +68,60 @@ def cookie_secret(path: str | Path | None = None) -> str:
 
 
 class SessionUser(Handler):
-    """Puts the page request's signed-in user into the new session's token (see the module docstring)."""
+    """Puts the page request's session id into the new Bokeh session's token (see the module docstring)."""
 
-    def __init__(self, secret: str) -> None:
+    def __init__(self, sessions: Sessions) -> None:
         super().__init__()
-        self._secret = secret
+        self._sessions = sessions
 
     def modify_document(self, doc: Any) -> None:
         pass  # the dashboard itself is built by Panel's handler
 
     def process_request(self, request: Any) -> dict[str, Any]:
-        morsel = request.cookies.get(COOKIE)
-        value = (
-            decode_signed_value(self._secret, COOKIE, morsel.value, max_age_days=SESSION_DAYS)
-            if morsel is not None
-            else None
-        )
-        if not value:
+        session_id = self._sessions.id_in_cookie(request)
+        if self._sessions.get(session_id) is None:
             return {}
-        return {SESSION_KEY: create_signed_value(self._secret, SESSION_KEY, value).decode()}
+        return {SESSION_KEY: create_signed_value(self._sessions.secret, SESSION_KEY, session_id).decode()}
 
 
-def session_user(users: Users | None, secret: str) -> tuple[str | None, str | None]:
-    """(user, role) of the current Panel session, read on the server from the user its token carries."""
-    if users is None:
+def token_session_id(payload: dict[str, Any], secret: str) -> str | None:
+    """The session id a Bokeh session token's payload carries, if its signature holds."""
+    raw = payload.get(SESSION_KEY)
+    value = decode_signed_value(secret, SESSION_KEY, raw, max_age_days=SESSION_DAYS) if raw else None
+    return value.decode(errors="replace") if value else None
+
+
+def session_user(sessions: Sessions | None) -> tuple[str | None, str | None]:
+    """(user, role) of the current Panel session, from the live server-side session its token names."""
+    if sessions is None:
         return "local", "operator"
     context = pn.state.curdoc.session_context if pn.state.curdoc is not None else None
-    raw = (context.token_payload if context is not None else {}).get(SESSION_KEY)
-    value = decode_signed_value(secret, SESSION_KEY, raw, max_age_days=SESSION_DAYS) if raw else None
-    name = value.decode() if value else None
-    return name, users.role(name)
+    payload = context.token_payload if context is not None else {}
+    session = sessions.get(token_session_id(payload, sessions.secret))
+    return (session.user, session.role) if session is not None else (None, None)
 
 
-def make_app(runs_dir: Path, users: Users | None, secret: str) -> Any:
+def close_ended(tornado_app: Any, sessions: Sessions) -> int:
+    """Close the websockets whose server-side session ended; returns how many were closed."""
+    sessions.refresh()
+    closed = 0
+    for connection in list(getattr(tornado_app, "_clients", ())):  # Bokeh's open websocket connections
+        try:
+            session_id = token_session_id(get_token_payload(connection.session.token), sessions.secret)
+        except Exception:  # a connection being torn down: nothing left to close
+            continue
+        if sessions.get(session_id) is None:
+            connection._socket.close(4001, "signed out")  # Bokeh has no public way to close a connection
+            closed += 1
+    return closed
+
+
+def make_app(runs_dir: Path, sessions: Sessions | None) -> Any:
     """The function Panel calls for every new browser session."""
     from widgets.dashboard import Dashboard
 
     def app() -> Any:
-        user, role = session_user(users, secret)
+        user, role = session_user(sessions)
         if role is None:  # the auth provider lets no such session in; refuse rather than guess
             return pn.pane.Markdown("Not signed in.")
         pn.extension("tabulator")
@@ -101,14 +129,26 @@ def make_app(runs_dir: Path, users: Users | None, secret: str) -> Any:
             runs_dir,
             role=role,
             user=user or "?",
-            can_operate=lambda: session_user(users, secret)[1] == "operator",
+            can_operate=lambda: session_user(sessions)[1] == "operator",
         )
-        run = (pn.state.session_args.get("run") or [b""])[0].decode()
-        if run and (runs_dir / run).is_dir() and (runs_dir / run).resolve().parent == runs_dir:
+        run = (pn.state.session_args.get("run") or [b""])[0].decode(errors="replace")
+        if _is_run(runs_dir, run):
             dashboard.open_run(run)  # a link to one run: /?run=<run_id>
         return dashboard.__panel__()
 
     return app
+
+
+def _is_run(runs_dir: Path, run: str) -> bool:
+    """Whether ``run`` (from a URL) names a run directory of ``runs_dir``; anything else is ignored."""
+    from workbench.store.errors import StoreError
+    from workbench.store.layout import check_run_id
+
+    try:
+        check_run_id(run)
+    except StoreError:
+        return False
+    return (runs_dir / run).is_dir() and (runs_dir / run).resolve().parent == runs_dir
 
 
 def serve(
@@ -136,8 +176,8 @@ def serve(
             f"serving on {address} (beyond localhost) requires sign-in: pass --users FILE "
             "(create one with `workbench users add FILE NAME --role viewer|operator`)"
         )
-    users = Users.load(users_file) if users_file is not None else None
     secret = cookie_secret(cookie_secret_file)
+    sessions = Sessions(users_file, secret) if users_file is not None else None
     origins = allow_origin or sorted(
         {f"localhost:{port}", f"127.0.0.1:{port}", f"{address}:{port}", f"{socket.gethostname()}:{port}"}
     )
@@ -146,24 +186,34 @@ def serve(
         kwargs.update(ssl_certfile=str(ssl_certfile), ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None)
     elif ssl_keyfile is not None:
         raise AccessError("an SSL key file needs its certificate: pass --ssl-certfile too")
-    apps = build_applications({"/": make_app(runs_dir, users, secret)}, title="Workbench dashboard")
-    if users is not None:
-        kwargs["auth_provider"] = LoginProvider(users)
-        apps["/"].add(SessionUser(secret))
-    mode = "sign-in required" if users else "local only, no sign-in"
+    apps = build_applications({"/": make_app(runs_dir, sessions)}, title="Workbench dashboard")
+    if sessions is not None:
+        kwargs["auth_provider"] = LoginProvider(sessions)
+        apps["/"].add(SessionUser(sessions))
+    mode = "sign-in required" if sessions else "local only, no sign-in"
     scheme = "https" if ssl_certfile is not None else "http"
     print(f"dashboard for {runs_dir} on {scheme}://{address}:{port}/ ({mode})", flush=True)
-    return pn.serve(
+    server = pn.serve(
         apps,
         address=address,
         port=port,
         websocket_origin=origins,
         cookie_secret=secret,
-        extra_patterns=operator_routes(runs_dir, users),
+        extra_patterns=[component_route(), *operator_routes(runs_dir, sessions)],
         exclude_cookies=[COOKIE],  # kept out of the session token embedded in the page
         exclude_headers=["Cookie"],
+        http_server_kwargs={"max_body_size": MAX_BODY_BYTES},
         show=show,
-        start=start,
+        start=False,
         title="Workbench dashboard",
         **kwargs,
     )
+    tornado_app = server._tornado  # Bokeh's tornado Application: the gate goes in front of all its routes
+    tornado_app.add_handlers(r".*", [gate_rule(sessions)])
+    if sessions is not None:
+        sweep = PeriodicCallback(lambda: close_ended(tornado_app, sessions), SWEEP_S * 1000)
+        server.io_loop.add_callback(sweep.start)
+    if start:
+        server.start()
+        server.io_loop.start()
+    return server

@@ -210,6 +210,22 @@ def test_the_editor_loads_marsrl_and_a_canvas_edit_reaches_the_yaml(site, page):
     screenshot(page, "dashboard-editor")
 
 
+def test_a_link_to_a_run_survives_the_sign_in_and_logout_ends_the_session(site, page):
+    served, store, _ = site
+    page.goto(f"{served.url}/?run={store.run_id}")
+    assert "/login" in page.url, "an unauthenticated link is sent to the login form"
+    page.fill("input[name=username]", VIEWER[0])
+    page.fill("input[name=password]", VIEWER[1])
+    page.click("button[type=submit]")
+    page.wait_for_selector(".wb-last-step .wb-step", timeout=30_000)  # the linked run is open
+    assert page.url.endswith(f"/?run={store.run_id}"), page.url
+    cookie = _cookie_header(page)
+    page.goto(f"{served.url}/logout")
+    assert "/login" in page.url
+    page_request = _raw_get(served.port, "/", {"Cookie": cookie})
+    assert page_request.status == 302, "the cookie from before the logout opens nothing"
+
+
 def test_failed_logins_are_throttled(site, browser):
     served, _, _ = site
     context = browser.new_context()

@@ -4,15 +4,25 @@ What the browser tests (``tests/browser/test_dashboard.py``) already check is no
 the websocket without a session are refused, an unsigned cookie is refused, a viewer's direct stop and launch
 requests answer 403, a form post is refused (415), and the passwords are not in the server's output. This
 module adds: the other application routes; the lockout after repeated failed sign-ins (HTTP 429, per
-address, not undone by a forwarded-for header); the cookie's flags, including ``Secure`` over real HTTPS;
-tampered, foreign, expired and replayed cookies; a viewer's hand-crafted operator requests in other shapes;
-and that no password, hash, cookie secret or session cookie appears in the served HTML (the session token
-Bokeh embeds in the page included) or in the log.
+address and per account, not undone by a forwarded-for header); the cookie's flags, including ``Secure``
+over real HTTPS; tampered, foreign, expired and replayed cookies; a viewer's hand-crafted operator requests
+in other shapes; and that no password, hash, cookie secret or session cookie appears in the served HTML
+(the session token Bokeh embeds in the page included) or in the log.
+
+And the promises a tester's attacks once broke: no URL makes the server import a module, read a file it
+names or answer 500 (Panel's ``/components/<module>/...`` route imported whatever a URL named, before any
+sign-in check); before sign-in only the login page answers; the lockout counts per account and per address
+and another account's success resets neither; password checks run off the event loop; ``next`` after a
+sign-in is only ever a same-origin path, and a deep link survives the login form; large bodies are refused
+before they are read; sessions live on the server, so a logout, a removed user or a changed role ends them
+(an open websocket included).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import hashlib
 import http.client
 import json
 import os
@@ -22,6 +32,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import zlib
@@ -30,13 +41,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from tornado.web import create_signed_value
+from tornado.httpclient import HTTPRequest
+from tornado.web import create_signed_value, decode_signed_value
+from tornado.websocket import websocket_connect
 
 from tests.browser.conftest import free_port
-from widgets.access import MAX_FAILED_LOGINS, add_user
+from widgets.access import HASH_ITERATIONS, MAX_FAILED_LOGINS, add_user
 from workbench.store import RunStore
 
 OPERATOR, VIEWER = ("ops", "operator-password-31"), ("vic", "viewer-password-47")
+TARGET = ("tia", "target-password-59")  # the account the per-account lockout test locks
+LEAVER = ("rex", "leaver-password-61")  # the user whose role changes and who is then removed
+PROBE = "wb_import_probe"  # a module on the server's path that leaves a mark when imported
 SECRET = "c" * 24 + "0123456789abcdef"  # the cookie secret the server is given
 COOKIE = "wb_user"
 
@@ -96,12 +112,20 @@ class Dashboard:
         sent = {"Content-Type": "application/json", **({"Cookie": cookie} if cookie else {}), **headers}
         return self.request("POST", path, json.dumps(body or {}), sent)[0]
 
+    def log_since(self, offset: int) -> str:
+        time.sleep(0.5)  # let the server flush its log
+        return self.log.read_text()[offset:]
+
 
 def _start(root: Path, *extra: str, scheme: str = "http", cafile: Path | None = None) -> Dashboard:
     runs, users = root / "runs", root / "users.json"
     if not users.exists():
         add_user(users, *OPERATOR, role="operator")
-        add_user(users, *VIEWER, role="viewer")
+        for user in (VIEWER, TARGET, LEAVER):
+            add_user(users, *user, role="viewer")
+    probe = root / "probe"
+    probe.mkdir(exist_ok=True)
+    (probe / f"{PROBE}.py").write_text(f"open({str(probe / 'imported')!r}, 'w').close()\n")
     if not runs.exists():
         with RunStore.create(
             runs, {"kind": "train", "model": "tiny"}, run_id="live", name="live run"
@@ -114,7 +138,11 @@ def _start(root: Path, *extra: str, scheme: str = "http", cafile: Path | None = 
             + ["--address", "0.0.0.0", "--users", str(users), *extra],
             stdout=out,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "WORKBENCH_COOKIE_SECRET": SECRET},
+            env={
+                **os.environ,
+                "WORKBENCH_COOKIE_SECRET": SECRET,
+                "PYTHONPATH": os.pathsep.join([str(probe), os.environ.get("PYTHONPATH", "")]),
+            },
         )
     dashboard = Dashboard(port, runs, "live", log, users, process, scheme, cafile)
     deadline = time.monotonic() + 60
@@ -175,37 +203,285 @@ def _decoded_tokens(page: str) -> list[str]:
     return decoded
 
 
-def test_every_application_route_needs_a_signed_in_user(dashboard):
-    for path in ("/", f"/?run={dashboard.run_id}", "/metadata", "/autoload.js?bokeh-autoload-element=x"):
-        status, headers, _ = dashboard.request("GET", path)
-        assert status in (302, 401, 403), f"{path} answered {status} without a session"
-        if status == 302:
-            assert "/login" in headers["Location"], headers["Location"]
-    status, _, body = dashboard.request("GET", "/login")
-    assert status == 200 and 'name="password"' in body, "only the login page answers"
-
-
-def test_failed_sign_ins_from_one_address_are_locked_out_with_429(dashboard):
-    attacker, bystander = "127.0.0.2", "127.0.0.3"
-    for address in (attacker, bystander):
+def _need_addresses(*addresses: str) -> None:
+    for address in addresses:
         with socket.socket() as probe:
             try:
                 probe.bind((address, 0))
             except OSError:
                 pytest.skip(f"cannot send from {address} here (Linux routes all of 127.0.0.0/8 to loopback)")
-    for attempt in range(MAX_FAILED_LOGINS):
-        status, cookie = dashboard.sign_in((OPERATOR[0], f"guess-{attempt}"), source=attacker)
+
+
+def test_before_sign_in_only_the_login_page_answers(dashboard):
+    for path in ("/", f"/?run={dashboard.run_id}", "/metadata", "/autoload.js?bokeh-autoload-element=x"):
+        status, headers, _ = dashboard.request("GET", path)
+        assert status in (302, 401, 403), f"{path} answered {status} without a session"
+        if status == 302:
+            assert "/login" in headers["Location"], headers["Location"]
+    for path in (
+        "/static/js/bokeh.min.js",
+        "/static/extensions/panel/panel.min.js",
+        "/components/panel_reactflow.base/ReactFlow/_stylesheets/dist/css/reactflow.css",
+        "/ws",
+        "/api/runs",
+        "/no-such-page",
+    ):
+        for method in ("GET", "POST"):
+            status = dashboard.request(method, path)[0]
+            assert status in (302, 401), f"{method} {path} answered {status} without a session"
+    status, _, body = dashboard.request("GET", "/login")
+    assert status == 200 and 'name="password"' in body, "only the login page answers"
+
+
+def test_no_url_imports_a_module_reads_a_named_file_or_answers_500(dashboard):
+    probe = dashboard.log.parent / "probe" / "imported"
+    offset = len(dashboard.log.read_text())
+    hostile = [
+        f"/components/{PROBE}/x/_css/y",
+        f"/components/{PROBE}/Thing/_stylesheets/x.css",
+        "/components/this/x/_css/y",
+        "/components/..%2f..%2fetc/x/_css/passwd",
+        "/components/os/path/_css/x",
+        "/components/panel/x/_resources/",
+        "/components/x",
+        "/static/extensions/panel/panel.min.js%00.txt",
+        "/static/..%2f..%2fetc/passwd",
+        "/%00",
+        "/%5c..%5c..%5cetc/passwd",
+        "/?bokeh-session-id=%20",
+        "/?bokeh-token=x",
+        "/?bokeh-absolute-url=%ff",
+        "/?run=%ff",
+        "/autoload.js?bokeh-autoload-element=x&bokeh-session-id=",
+        "/components/venv.__main__/x/_css/y",  # importing it ended the server process
+    ]
+    viewer = dashboard.cookie(VIEWER)
+    assert dashboard.request("GET", "/", headers={"Cookie": viewer})[0] == 200  # the app's modules are loaded
+    for path in hostile:
+        status = dashboard.request("GET", path)[0]
+        assert status in (302, 400, 401, 404), f"GET {path} without a session answered {status}"
+        status = dashboard.request("GET", path, headers={"Cookie": viewer})[0]
+        assert status in (400, 403, 404), f"GET {path} signed in answered {status}"
+    status = dashboard.request("GET", "/autoload.js?bokeh-autoload-element=x")[0]
+    assert status in (302, 401), status
+    long_link = f"/?run={'a' * 300}"  # no such run: the page opens without it
+    assert dashboard.request("GET", long_link, headers={"Cookie": viewer})[0] == 200
+    assert dashboard.process.poll() is None, "the server is still up"
+    log = dashboard.log_since(offset)
+    assert not probe.exists(), "a URL made the server import a module"
+    assert "Zen of Python" not in log, "a URL made the server import `this`"
+    assert "Traceback" not in log and not re.search(r"^500 ", log, re.M), log
+
+
+def test_failed_sign_ins_from_one_address_lock_it_out_and_another_accounts_success_resets_nothing(dashboard):
+    attacker, bystander = "127.0.0.2", "127.0.0.3"
+    _need_addresses(attacker, bystander)
+    for attempt in range(MAX_FAILED_LOGINS - 1):  # one wrong guess per account: only the address adds up
+        status, cookie = dashboard.sign_in((f"nobody-{attempt}", "guess"), source=attacker)
         assert status == 401 and cookie is None, f"attempt {attempt}: {status}"
-    status, cookie = dashboard.sign_in(OPERATOR, source=attacker)
-    assert status == 429 and cookie is None, "locked out: even the right password is refused for now"
+    status, cookie = dashboard.sign_in(VIEWER, source=attacker)
+    assert status == 302 and cookie, "the attacker's own account signs in..."
+    status, _ = dashboard.sign_in(("nobody-last", "guess"), source=attacker)
+    assert status == 401, "...but that does not reset the address's count"
+    for user in (VIEWER, OPERATOR, ("nobody-0", "guess")):
+        status, cookie = dashboard.sign_in(user, source=attacker)
+        assert status == 429 and cookie is None, f"{user[0]} from the locked address: {status}"
     forwarded = {"X-Forwarded-For": "10.1.2.3", "X-Real-Ip": "10.1.2.3"}
     form = urllib.parse.urlencode({"username": OPERATOR[0], "password": OPERATOR[1]})
     status, _, _ = dashboard.request(
         "POST", "/login", form, {"Content-Type": "application/x-www-form-urlencoded", **forwarded}, attacker
     )
     assert status == 429, "a forwarded-for header does not give the locked address a fresh count"
-    status, cookie = dashboard.sign_in(OPERATOR, source=bystander)
+    status, cookie = dashboard.sign_in(VIEWER, source=bystander)
     assert status == 302 and cookie, "another address signs in as usual"
+
+
+def test_failed_sign_ins_for_one_account_from_many_addresses_lock_that_account(dashboard):
+    guessers = [f"127.0.0.{5 + i}" for i in range(MAX_FAILED_LOGINS)]
+    elsewhere = "127.0.0.10"
+    _need_addresses(*guessers, elsewhere)
+    for address in guessers:  # one wrong guess per address: only the account adds up
+        assert dashboard.sign_in((TARGET[0], f"guess-from-{address}"), source=address)[0] == 401
+    status, cookie = dashboard.sign_in(TARGET, source=elsewhere)
+    assert status == 429 and cookie is None, "the account is locked, even from a fresh address"
+    status, cookie = dashboard.sign_in(VIEWER, source=elsewhere)
+    assert status == 302 and cookie, "other accounts sign in as usual from there"
+
+
+def test_password_checks_do_not_hold_up_other_requests(dashboard):
+    senders = [f"127.0.0.{11 + i}" for i in range(4)]
+    _need_addresses(*senders)
+    started = time.perf_counter()
+    hashlib.pbkdf2_hmac("sha256", b"a guess", b"0123456789abcdef", HASH_ITERATIONS)
+    one_check = time.perf_counter() - started
+    statuses: list[int] = []
+    guessers = [
+        threading.Thread(target=lambda a=a: statuses.append(dashboard.sign_in((f"slow-{a}", "guess"), a)[0]))
+        for a in senders
+    ]
+    for thread in guessers:
+        thread.start()
+    time.sleep(0.02)
+    waits = []
+    while any(thread.is_alive() for thread in guessers):
+        sent = time.perf_counter()
+        assert dashboard.request("GET", "/login")[0] == 200
+        waits.append(time.perf_counter() - sent)
+    for thread in guessers:
+        thread.join()
+    assert statuses == [401] * len(senders)
+    assert waits and max(waits) < 0.5 * one_check, (
+        f"a cheap request waited {max(waits):.3f} s behind sign-ins (one PBKDF2 takes {one_check:.3f} s)"
+    )
+
+
+def test_sign_in_redirects_only_to_a_same_origin_path_and_keeps_a_deep_link(dashboard):
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    credentials = {"username": VIEWER[0], "password": VIEWER[1]}
+    for hostile in (
+        "/\\evil.example/",
+        "//evil.example/",
+        "https://evil.example/",
+        "/\t/evil.example",
+        "///evil",
+    ):
+        query = urllib.parse.urlencode({"next": hostile})
+        status, headers, _ = dashboard.request(
+            "POST", f"/login?{query}", urllib.parse.urlencode(credentials), form
+        )
+        refused = status == 400  # a control character in the URL: a malformed request
+        assert refused or (status == 302 and headers["Location"] == "/"), (
+            f"next={hostile!r} sent the browser to {headers['Location']}"
+        )
+        body = urllib.parse.urlencode({**credentials, "next": hostile})
+        status, headers, _ = dashboard.request("POST", "/login", body, form)
+        assert status == 302 and headers["Location"] == "/", (
+            f"next={hostile!r} in the form: {headers['Location']}"
+        )
+    deep = f"/?run={dashboard.run_id}"
+    status, headers, _ = dashboard.request("GET", deep)
+    assert status == 302
+    login = headers["Location"]
+    status, _, page = dashboard.request("GET", login if login.startswith("/") else "/" + login.lstrip("./"))
+    hidden = re.search(r'<input[^>]*name="next"[^>]*value="([^"]*)"', page) or re.search(
+        r'<input[^>]*value="([^"]*)"[^>]*name="next"', page
+    )
+    assert status == 200 and hidden, "the login form carries the page the browser asked for"
+    body = urllib.parse.urlencode({**credentials, "next": hidden.group(1).replace("&amp;", "&")})
+    status, headers, _ = dashboard.request("POST", "/login", body, form)
+    assert status == 302 and headers["Location"] == deep, headers["Location"]
+
+
+def _answer_before_the_body(dashboard: Dashboard, path: str, headers: dict[str, str]) -> int | None:
+    """Declare a 99 MB body, send its first KB and wait up to 5 s: the status, or None while the server reads."""
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{dashboard.port}\r\nContent-Length: 99000000\r\n"
+    head += "".join(f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n"
+    with socket.create_connection(("127.0.0.1", dashboard.port), timeout=5) as connection:
+        connection.sendall(head.encode() + b"x" * 1024)
+        try:
+            answer = connection.recv(64)
+        except TimeoutError:
+            return None
+    found = re.match(rb"HTTP/1\.[01] (\d{3})", answer)
+    return int(found.group(1)) if found else None
+
+
+def test_large_bodies_are_refused_before_they_are_read(dashboard):
+    viewer = dashboard.cookie(VIEWER)
+    json_type, form_type = (
+        {"Content-Type": "application/json"},
+        {"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    cases = {
+        "POST /api/runs without a session": ("/api/runs", json_type, (401, 413)),
+        "POST /login": ("/login", form_type, (413,)),
+        "POST /api/runs as a viewer": ("/api/runs", {**json_type, "Cookie": viewer}, (413,)),
+        "POST /api/runs/<id>/stop as a viewer": (
+            f"/api/runs/{dashboard.run_id}/stop",
+            {**json_type, "Cookie": viewer},
+            (413,),
+        ),
+        "POST / as a viewer": ("/", {**form_type, "Cookie": viewer}, (400, 405, 413)),
+    }
+    for what, (path, headers, expected) in cases.items():
+        status = _answer_before_the_body(dashboard, path, headers)
+        assert status in expected, f"{what}: {status or 'no answer within 5 s (the server reads the body)'}"
+    padded = urllib.parse.urlencode({"username": VIEWER[0], "password": VIEWER[1], "pad": "x" * 8192})
+    assert dashboard.request("POST", "/login", padded, form_type)[0] == 413, (
+        "a login form is a few KB at most"
+    )
+    assert dashboard.process.poll() is None
+
+
+def test_logout_ends_the_session_on_the_server(dashboard):
+    cookie = dashboard.cookie(VIEWER)
+    assert dashboard.request("GET", "/", headers={"Cookie": cookie})[0] == 200
+    status, headers, _ = dashboard.request("GET", "/logout", headers={"Cookie": cookie})
+    assert status == 302 and "/login" in headers["Location"]
+    status, headers, _ = dashboard.request("GET", "/", headers={"Cookie": cookie})
+    assert status == 302 and "/login" in headers["Location"], (
+        f"the logged-out cookie still opens the page ({status})"
+    )
+    assert dashboard.post_json(f"/api/runs/{dashboard.run_id}/stop", cookie) == 401
+
+
+def _rewrite_users(dashboard: Dashboard, change) -> None:
+    """Edit the users file as an administrator would (a new file moved into place)."""
+    data = json.loads(dashboard.users_file.read_text())
+    change(data["users"])
+    fresh = dashboard.users_file.with_suffix(".new")
+    fresh.write_text(json.dumps(data))
+    fresh.replace(dashboard.users_file)
+
+
+def test_a_changed_role_or_a_removed_user_ends_their_sessions(dashboard):
+    first = dashboard.cookie(LEAVER)
+    assert dashboard.request("GET", "/", headers={"Cookie": first})[0] == 200
+    _rewrite_users(dashboard, lambda users: users[LEAVER[0]].update(role="operator"))
+    status, headers, _ = dashboard.request("GET", "/", headers={"Cookie": first})
+    assert status == 302 and "/login" in headers["Location"], f"a session outlived its role ({status})"
+    second = dashboard.cookie(LEAVER)
+    assert dashboard.request("GET", "/", headers={"Cookie": second})[0] == 200, "signing in again works"
+    _rewrite_users(dashboard, lambda users: users.pop(LEAVER[0]))
+    status, _, _ = dashboard.request("GET", "/", headers={"Cookie": second})
+    assert status == 302, f"a removed user's session still opens the page ({status})"
+    assert dashboard.post_json(f"/api/runs/{dashboard.run_id}/stop", second) == 401
+    assert dashboard.sign_in(LEAVER)[0] == 401, "and the removed user cannot sign in again"
+
+
+async def _websocket_outlives_logout(dashboard: Dashboard, cookie: str, token: str) -> bool:
+    """Open the page's websocket, log out, and tell whether the server still holds the socket open after 5 s."""
+    url = f"ws://127.0.0.1:{dashboard.port}/ws"
+    origin = f"http://127.0.0.1:{dashboard.port}"
+    request = HTTPRequest(url, headers={"Cookie": cookie, "Origin": origin})
+    socket_ = await websocket_connect(request, subprotocols=["bokeh", token])
+    assert await asyncio.wait_for(socket_.read_message(), 10) is not None, "the websocket opens"
+    loop = asyncio.get_running_loop()
+    status = (
+        await loop.run_in_executor(
+            None, lambda: dashboard.request("GET", "/logout", headers={"Cookie": cookie})
+        )
+    )[0]
+    assert status == 302
+    deadline = loop.time() + 5
+    try:
+        while loop.time() < deadline:
+            if await asyncio.wait_for(socket_.read_message(), deadline - loop.time()) is None:
+                return False
+    except TimeoutError:
+        pass
+    socket_.close()
+    return True
+
+
+def test_an_open_websocket_is_closed_when_its_session_ends(dashboard):
+    cookie = dashboard.cookie(VIEWER)
+    status, _, page = dashboard.request("GET", "/", headers={"Cookie": cookie})
+    token = re.search(r'"token":\s*"([^"]+)"', page)
+    assert status == 200 and token, "the page embeds its session token"
+    assert not asyncio.run(_websocket_outlives_logout(dashboard, cookie, token.group(1))), (
+        "the websocket of a logged-out session stays open"
+    )
 
 
 def test_the_session_cookie_is_httponly_samesite_strict_signed_and_not_secure_over_plain_http(dashboard):
@@ -224,21 +500,21 @@ def test_the_session_cookie_is_httponly_samesite_strict_signed_and_not_secure_ov
 
 def test_tampered_foreign_expired_and_replayed_cookies_are_refused(dashboard):
     viewer = dashboard.cookie(VIEWER).split("=", 1)[1]
-    fields = viewer.split("|")
-    name_field = next(
-        i for i, f in enumerate(fields) if f.endswith(base64.b64encode(VIEWER[0].encode()).decode())
-    )
-    as_operator = list(fields)
-    as_operator[name_field] = f"4:{base64.b64encode(OPERATOR[0].encode()).decode()}"
+    session_id = decode_signed_value(SECRET, COOKIE, viewer).decode()  # what the signed cookie carries
+    assert len(session_id) == 48 and session_id != VIEWER[0], "a random session id, not the user's name"
+    fields = viewer.split("|")  # tornado's format: ...|<length>:<base64 value>|<signature>
+    as_operator = [*fields[:-2], f"4:{base64.b64encode(OPERATOR[0].encode()).decode()}", fields[-1]]
     forged = {
         "signature changed": viewer[:-1] + ("0" if viewer[-1] != "0" else "1"),
-        "name changed to the operator's": "|".join(as_operator),
-        "signed with another secret": create_signed_value("x" * 40, COOKIE, OPERATOR[0]).decode(),
+        "value changed to the operator's name": "|".join(as_operator),
+        "signed with another secret": create_signed_value("x" * 40, COOKIE, session_id).decode(),
         "older than a session": create_signed_value(
-            SECRET, COOKIE, OPERATOR[0], clock=lambda: time.time() - 2 * 86400
+            SECRET, COOKIE, session_id, clock=lambda: time.time() - 2 * 86400
         ).decode(),
-        "the session token's value replayed": create_signed_value(SECRET, "wb_session", OPERATOR[0]).decode(),
-        "unsigned": OPERATOR[0],
+        "the session token's value replayed": create_signed_value(SECRET, "wb_session", session_id).decode(),
+        "a signed user name, not a session": create_signed_value(SECRET, COOKIE, OPERATOR[0]).decode(),
+        "a signed session id the server never issued": create_signed_value(SECRET, COOKIE, "0" * 48).decode(),
+        "unsigned": session_id,
     }
     for what, value in forged.items():
         cookie = f"{COOKIE}={value}"
@@ -246,7 +522,7 @@ def test_tampered_foreign_expired_and_replayed_cookies_are_refused(dashboard):
         assert status == 302 and "/login" in headers["Location"], f"{what}: page answered {status}"
         assert dashboard.post_json(f"/api/runs/{dashboard.run_id}/stop", cookie) == 401, what
     assert not (dashboard.runs / dashboard.run_id / "STOP").exists()
-    fresh = f"{COOKIE}={create_signed_value(SECRET, COOKIE, VIEWER[0]).decode()}"
+    fresh = f"{COOKIE}={create_signed_value(SECRET, COOKIE, session_id).decode()}"
     assert dashboard.request("GET", "/", headers={"Cookie": fresh})[0] == 200, (
         "the same recipe, done right, works"
     )
