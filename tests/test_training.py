@@ -289,3 +289,42 @@ def test_a_background_run_that_fails_early_says_why_in_its_log_error_and_status(
     log = run.log()
     assert "Traceback" in log and "_fails_before_its_first_step" in log
     assert "closed file" not in log and "lost sys.stderr" not in log
+
+
+def test_sigterm_stops_a_run_after_its_step_as_stopped(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "workbench.cli", "train", "--set", "model=tiny", "--set", "steps=200"]
+    command += ["--set", "batch_size=2", "--set", "group_size=2", "--set", "max_tokens=4"]
+    command += [
+        "--set",
+        f"runs_dir={tmp_path}",
+        "--set",
+        "checkpoint_every=50",
+        "--set",
+        "topology=marsrl_cpu",
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    run_dir = None
+    while time.monotonic() < deadline:
+        runs = [p for p in tmp_path.iterdir() if p.is_dir()]
+        if runs and not wb.RunReader(runs[0]).steps().empty:
+            run_dir = runs[0]
+            break
+        time.sleep(0.5)
+    assert run_dir is not None, process.communicate(timeout=30)[0]
+    os.kill(process.pid, signal.SIGTERM)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 0, output
+    assert "stopping after the current step" in output and "run stopped" in output
+    reader = wb.RunReader(run_dir)
+    steps = list(reader.steps()["step"])
+    assert reader.info()["status"] == "stopped" and steps == list(range(len(steps))) and len(steps) < 200
+    # the last step was checkpointed on the way out (checkpoint_every is 50): a resume redoes nothing
+    from workbench.rl import checkpoint
+
+    assert checkpoint.latest(run_dir).name == f"step-{steps[-1]:06d}"

@@ -152,19 +152,18 @@ def rollout(
 def rollout_here(run_dir: str | Path) -> RolloutResult:
     """Do the rollout stored in ``run_dir`` by ``rollout(..., background=True)``, in this process.
 
-    A ``STOP`` file in the run directory cancels it (what ``BackgroundRun.stop`` writes).
+    A ``STOP`` file in the run directory (what ``BackgroundRun.stop`` writes) or a SIGTERM cancels it.
     """
     from workbench.store import RunStore
     from workbench.tasks import load_tasks
     from workbench.topology import from_dict
-    from workbench.training import STOP_FILE, TASKS_FILE
+    from workbench.training import STOP_FILE, TASKS_FILE, stop_requests
 
     run_dir = Path(run_dir)
     plugins.load(run_dir)  # before the spec: it may name their tool kinds and verifiers
     store = RunStore.open(run_dir)
     c = store.config
     tasks = load_tasks(run_dir / TASKS_FILE)
-    stop_file = run_dir / STOP_FILE
     return _roll_out(
         store,
         from_dict(c["topology"]),
@@ -176,7 +175,7 @@ def rollout_here(run_dir: str | Path) -> RolloutResult:
         c.get("judge"),
         c.get("device", "auto"),
         c.get("dtype", "auto"),
-        should_stop=stop_file.exists,
+        should_stop=stop_requests(run_dir / STOP_FILE),
     )
 
 

@@ -285,6 +285,28 @@ def _record_failure(run_dir: Path, error: BaseException) -> None:
         store.close()
 
 
+def stop_requests(stop_file: Path) -> Callable[[], bool]:
+    """Whether the run was asked to stop: its ``STOP`` file, or a SIGTERM (``kill``, a scheduler's preemption).
+
+    A SIGTERM asks for a stop after the current step (the run ends ``stopped``, its steps whole); a second
+    one, or one after a stop was already asked for, interrupts the step at once (also ``stopped``: the
+    steps after the last checkpoint are redone on resume). Installed only from the main thread.
+    """
+    import signal
+
+    asked = threading.Event()
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if asked.is_set() or stop_file.exists():
+            raise KeyboardInterrupt("SIGTERM again: interrupting the current step")
+        asked.set()
+        print("SIGTERM: stopping after the current step (again to interrupt it)", flush=True)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_sigterm)
+    return lambda: asked.is_set() or stop_file.exists()
+
+
 def run_here(run_dir: str | Path) -> str:
     """Train (or resume) the run in ``run_dir`` in this process; the CLI and the background process end up here."""
     from workbench.engine import plugins
@@ -297,13 +319,12 @@ def run_here(run_dir: str | Path) -> str:
     plugins.load(run_dir, config.plugins)  # before the spec: it may name their tool kinds and verifiers
     topology = load(run_dir / TOPOLOGY_FILE) if (run_dir / TOPOLOGY_FILE).exists() else None
     tasks = load_tasks(run_dir / TASKS_FILE) if (run_dir / TASKS_FILE).exists() else None
-    stop_file = run_dir / STOP_FILE
     return run_training(
         config,
         run_dir,
         topology=topology,
         tasks=tasks,
-        should_stop=stop_file.exists,
+        should_stop=stop_requests(run_dir / STOP_FILE),
         log=lambda m: print(m, flush=True),
     )
 

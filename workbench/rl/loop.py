@@ -187,6 +187,12 @@ def run_training(
         for step in range(start, config.steps):
             if should_stop():
                 status = "stopped"
+                if step > start and step % config.checkpoint_every and config.scheduler == "sync":
+                    # nothing in flight between sync steps: keep the last step, so a resume redoes none
+                    state = {"policy_version": policy_version, "updates": trainer.updates}
+                    checkpoint.save(
+                        run_dir, step - 1, policies, trainer.optimizer, state, keep=config.keep_checkpoints
+                    )
                 break
             started = time.perf_counter()
             busy_before = busiest(backends)
