@@ -246,3 +246,59 @@ def test_a_branch_after_an_unconditional_one_is_never_taken_and_is_reported():
         topo.from_dict(data)
     (problem,) = [p for p in info.value.problems if p.path == "flow.nodes.solve.next[1]"]
     assert "never taken" in problem.message and "unconditional branch last" in problem.message
+
+
+# --- one report with every problem, and the names it may have meant (issue 26) ---
+
+
+def _broken_marsrl() -> dict:
+    from workbench.topology import load, to_dict
+
+    data = to_dict(load("marsrl_cpu"))
+    data["roles"]["solver"]["sampling"]["temperature"] = "hot"  # a type error
+    data["roles"]["solver"]["sampling"]["max_tokenz"] = 5  # a misspelt field
+    data["flow"]["nodes"]["solve"]["bnid"] = {}  # a misspelt field of a flow node
+    data["flow"]["start"] = "solv"  # cross-field: a dangling start
+    data["flow"]["nodes"]["check1"]["call"] = "checkr"  # cross-field: an unknown role
+    return data
+
+
+def test_type_errors_and_cross_field_problems_are_reported_together_with_suggestions():
+    from workbench.topology import TopologyError, from_dict
+
+    with pytest.raises(TopologyError) as caught:
+        from_dict(_broken_marsrl())
+    found = {p.path: p.message for p in caught.value.problems}
+    assert set(found) == {
+        "roles.solver.sampling.temperature",
+        "roles.solver.sampling.max_tokenz",
+        "flow.nodes.solve.bnid",
+        "flow.start",
+        "flow.nodes.check1.call",
+    }
+    assert found["roles.solver.sampling.max_tokenz"].endswith("(did you mean 'max_tokens'?)")
+    assert found["flow.nodes.solve.bnid"].endswith("(did you mean 'bind'?)")
+    assert "unknown node 'solv' (did you mean 'solve'?)" in found["flow.start"]
+    assert "unknown role 'checkr' (did you mean 'checker'?)" in found["flow.nodes.check1.call"]
+
+
+def test_a_missing_required_field_still_reports_alone():
+    from workbench.topology import TopologyError, from_dict, load, to_dict
+
+    data = to_dict(load("marsrl_cpu"))
+    del data["flow"]["start"]
+    data["flow"]["nodes"]["check1"]["call"] = "checkr"
+    with pytest.raises(TopologyError) as caught:
+        from_dict(data)
+    assert [p.path for p in caught.value.problems] == ["flow.start"]
+
+
+def test_a_tag_protocol_must_call_a_tool_its_node_lists():
+    from workbench.topology import TopologyError, from_dict, load, to_dict
+
+    data = to_dict(load("mars_cpu"))
+    data["flow"]["nodes"]["research"]["protocol_options"]["tool"] = "serch"
+    with pytest.raises(
+        TopologyError, match=r"protocol_options.tool: unknown tool 'serch' \(did you mean 'search'\?\)"
+    ):
+        from_dict(data)

@@ -36,7 +36,7 @@ def device_problem(device: str) -> str | None:
 
 def dtype_problem(dtype: str) -> str | None:
     """Why ``dtype`` is not a precision setting, or None."""
-    if dtype == "auto" or dtype in DTYPES:
+    if isinstance(dtype, str) and (dtype == "auto" or dtype in DTYPES):
         return None
     return f"dtype must be auto, float32 or bfloat16, got {dtype!r}"
 

@@ -10,7 +10,13 @@ import yaml
 from pydantic import ValidationError
 
 from workbench.topology.spec import Topology
-from workbench.topology.validate import Problem, TopologyError, problems_from_pydantic, validate
+from workbench.topology.validate import (
+    Problem,
+    TopologyError,
+    problems_despite_types,
+    problems_from_pydantic,
+    validate,
+)
 from workbench.yaml_dumper import SafeDumper
 
 LIBRARY = Path(__file__).parent / "library"
@@ -32,9 +38,8 @@ def from_dict(data: Any, name: str = "topology") -> Topology:
     except ValidationError as e:
         given = data.get("name")  # the spec's own name if it has a readable one (it may be garbage)
         title = given if isinstance(given, str) and given.strip() else name
-        raise TopologyError(
-            title if len(title) <= 100 else title[:100] + "...", problems_from_pydantic(e)
-        ) from None
+        problems = problems_from_pydantic(e) + problems_despite_types(data, e)  # every problem at once
+        raise TopologyError(title if len(title) <= 100 else title[:100] + "...", problems) from None
     return validate(topology)
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import re
+import typing
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +58,13 @@ class TopologyError(ValueError):
 _NODE_TAGS = {"call", "agent", "map", "dag"}
 
 
+def _unknown(what: str, name: str, known: Iterable[str], fix: str) -> str:
+    """``unknown <what> '<name>'``, the closest known name if one is close, and how to fix it."""
+    near = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=0.6)
+    hint = f" (did you mean '{near[0]}'?)" if near else ""
+    return f"unknown {what} '{name}'{hint}; {fix}"
+
+
 _PLAIN_NAME = re.compile(r"[^\s.\[\]'\"]+(?: [^\s.\[\]'\"]+)*")
 
 
@@ -68,15 +78,58 @@ def _at(parent: str, name: Any) -> str:
     return f"{parent}{step}".lstrip(".") if parent else step.lstrip(".")
 
 
+def data_path(loc: tuple[Any, ...]) -> list[Any]:
+    """A pydantic error location as a path into the spec's data: without a node's kind tag, which pydantic
+    puts in the location of tagged unions."""
+    return [p for i, p in enumerate(loc) if not (i >= 2 and loc[i - 2] == "nodes" and p in _NODE_TAGS)]
+
+
+def problems_despite_types(data: dict[str, Any], error: ValidationError, rounds: int = 3) -> list[Problem]:
+    """The cross-field problems of ``data`` that a type error hid: the badly typed or unknown fields are left
+    out (their defaults stand in), and the rest is checked as a whole. None where a required field is the
+    problem, or leaving fields out does not give a spec."""
+    try:
+        return _problems_despite_types(data, error, rounds)
+    except (RecursionError, ValueError, TypeError):  # a spec too broken to check further: the type errors stand
+        return []
+
+
+def _problems_despite_types(data: dict[str, Any], error: ValidationError, rounds: int) -> list[Problem]:
+    import copy
+
+    pruned, removed = copy.deepcopy(data), []
+    for _ in range(rounds):
+        for e in error.errors():
+            path = data_path(e["loc"])
+            if e["type"] == "missing" or not path or path[-1] == "[key]":
+                return []
+            parent = pruned
+            for part in path[:-1]:
+                parent = parent.get(part) if isinstance(parent, dict) else None
+            if isinstance(parent, dict) and path[-1] in parent:
+                del parent[path[-1]]
+                removed.append(path)
+        try:
+            topology = Topology.model_validate(pruned)
+        except ValidationError as again:
+            error = again
+            continue
+        left_out = {_path_text(path) for path in removed}
+        return [p for p in check(topology) if not any(p.path.startswith(q) for q in left_out)]
+    return []
+
+
+def _path_text(path: list[Any]) -> str:
+    text = ""
+    for part in path:
+        text = _at(text, part)
+    return text
+
+
 def problems_from_pydantic(error: ValidationError) -> list[Problem]:
     out = []
     for e in error.errors():
-        # a node's kind tag, which pydantic puts in the location of tagged unions, is not part of the path
-        loc = [
-            p
-            for i, p in enumerate(e["loc"])
-            if not (i >= 2 and e["loc"][i - 2] == "nodes" and p in _NODE_TAGS)
-        ]
+        loc = data_path(e["loc"])
         message, below = e["msg"], ""
         cause = e.get("ctx", {}).get("error")
         if isinstance(cause, PlainDataError):  # a value deep inside params or options: name its own path
@@ -84,6 +137,9 @@ def problems_from_pydantic(error: ValidationError) -> list[Problem]:
         if loc and loc[-1] == "[key]":  # a mapping's key is wrong, not its value
             loc.pop()
             message = f"the name {loc.pop()!r} is not valid: {message}" if len(loc) > 1 else message
+        if e["type"] == "extra_forbidden" and loc:  # a misspelt field: name the one it may be
+            near = difflib.get_close_matches(str(loc[-1]), _fields_at(e["loc"][:-1]), n=1, cutoff=0.6)
+            message += f" (did you mean '{near[0]}'?)" if near else ""
         path = ""
         for p in loc:
             path = _at(path, p)
@@ -91,6 +147,40 @@ def problems_from_pydantic(error: ValidationError) -> list[Problem]:
             path = f"{path}{'' if below.startswith('[') else '.'}{below}"
         out.append(Problem(path or "(top level)", message))
     return out
+
+
+def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the spec model at pydantic location ``loc`` (mapping keys, list indexes and
+    tagged-union tags stepped through), or [] where no model is."""
+    from pydantic import BaseModel
+
+    kind: Any = Topology
+    for part in loc:
+        kind = _model_in(kind, part)
+        if kind is None:
+            return []
+    return list(kind.model_fields) if isinstance(kind, type) and issubclass(kind, BaseModel) else []
+
+
+def _model_in(kind: Any, part: Any) -> Any:
+    """What ``part`` of a location leads to inside ``kind`` (a model class, or a container/union annotation)."""
+    from pydantic import BaseModel
+
+    while typing.get_origin(kind) is typing.Annotated:
+        kind = typing.get_args(kind)[0]
+    if isinstance(kind, type) and issubclass(kind, BaseModel):
+        field = kind.model_fields.get(part) if isinstance(part, str) else None
+        return field.annotation if field is not None else None
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    if typing.get_origin(kind) in (dict, list, tuple) and args:
+        return args[-1]  # a mapping's value or a list's item: ``part`` is its key or index
+    members = [_model_in(a, None) or a for a in args]  # a union: its members, unwrapped
+    members = [typing.get_args(m)[0] if typing.get_origin(m) is typing.Annotated else m for m in members]
+    models = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
+    tagged = [m for m in models if m.__name__.lower() == f"{part}node"]  # a flow node's kind tag
+    if tagged:
+        return tagged[0]
+    return _model_in(models[0], part) if len(models) == 1 else None
 
 
 def _variables(source: str, path: str, problems: list[Problem], expression: bool) -> set[str]:
@@ -138,19 +228,26 @@ def check(topology: Topology) -> list[Problem]:
         base = _at("roles", name)
         if role.policy not in topology.policies:
             problems.append(
-                Problem(f"{base}.policy", f"unknown policy '{role.policy}'; declare it under policies")
+                Problem(
+                    f"{base}.policy",
+                    _unknown("policy", role.policy, topology.policies, "declare it under policies"),
+                )
             )
         if role.parser is not None and role.parser not in PARSERS:
             problems.append(
                 Problem(
-                    f"{base}.parser", f"unknown parser '{role.parser}'; known: {', '.join(sorted(PARSERS))}"
+                    f"{base}.parser",
+                    _unknown("parser", role.parser, PARSERS, f"known: {', '.join(sorted(PARSERS))}"),
                 )
             )
         for i, step in enumerate(role.postprocess):
             if step not in POSTPROCESS:
                 known = ", ".join(sorted(POSTPROCESS))
                 problems.append(
-                    Problem(f"{base}.postprocess[{i}]", f"unknown post-processor '{step}'; known: {known}")
+                    Problem(
+                        f"{base}.postprocess[{i}]",
+                        _unknown("post-processor", step, POSTPROCESS, f"known: {known}"),
+                    )
                 )
         for i, message in enumerate(role.messages):
             path = f"{base}.messages[{i}].content"
@@ -186,7 +283,12 @@ def check(topology: Topology) -> list[Problem]:
                 problems.append(
                     Problem(
                         f"{base}.subflow",
-                        f"unknown subflow '{tool.subflow}'; use one of {sorted(topology.subflows)}",
+                        _unknown(
+                            "subflow",
+                            tool.subflow,
+                            topology.subflows,
+                            f"use one of {sorted(topology.subflows)}",
+                        ),
                     )
                 )
             for var, expr in tool.inputs.items():
@@ -198,12 +300,16 @@ def check(topology: Topology) -> list[Problem]:
             if kinds and tool.kind not in kinds:
                 problems.append(
                     Problem(
-                        f"{base}.kind", f"unknown tool kind '{tool.kind}'; known: agent, {', '.join(kinds)}"
+                        f"{base}.kind",
+                        _unknown("tool kind", tool.kind, kinds, f"known: agent, {', '.join(kinds)}"),
                     )
                 )
         if tool.route is not None and tool.route.via not in roles:
             problems.append(
-                Problem(f"{base}.route.via", f"unknown role '{tool.route.via}'; use one of {sorted(roles)}")
+                Problem(
+                    f"{base}.route.via",
+                    _unknown("role", tool.route.via, roles, f"use one of {sorted(roles)}"),
+                )
             )
         problems += _check_secrets(f"{base}.options", tool.options)
 
@@ -219,14 +325,21 @@ def _check_reward(base: str, role: Role) -> list[Problem]:
     rule, out = role.reward, []
     if rule.verifier is not None and rule.verifier not in VERIFIERS:
         known = ", ".join(sorted(VERIFIERS))
-        out.append(Problem(f"{base}.reward.verifier", f"unknown verifier '{rule.verifier}'; known: {known}"))
+        out.append(
+            Problem(
+                f"{base}.reward.verifier", _unknown("verifier", rule.verifier, VERIFIERS, f"known: {known}")
+            )
+        )
     if rule.judge is not None:
         from workbench.rewards.judge import JUDGE_PROMPTS
 
         if rule.judge not in JUDGE_PROMPTS:
             known = ", ".join(JUDGE_PROMPTS)
             out.append(
-                Problem(f"{base}.reward.judge", f"unknown judge prompt '{rule.judge}'; known: {known}")
+                Problem(
+                    f"{base}.reward.judge",
+                    _unknown("judge prompt", rule.judge, JUDGE_PROMPTS, f"known: {known}"),
+                )
             )
         if rule.kind not in ("outcome", "answer"):
             out.append(
@@ -297,7 +410,9 @@ def _check_flow(
     roles = topology.roles
     if flow.start not in flow.nodes:
         problems.append(
-            Problem(f"{where}.start", f"unknown node '{flow.start}'; use one of {sorted(flow.nodes)}")
+            Problem(
+                f"{where}.start", _unknown("node", flow.start, flow.nodes, f"use one of {sorted(flow.nodes)}")
+            )
         )
     for name, node in flow.nodes.items():
         base = _at(f"{where}.nodes", name)
@@ -319,24 +434,36 @@ def _check_flow(
                     problems.append(
                         Problem(
                             f"{base}.agents.{agent}",
-                            f"unknown subflow '{subflow}'; use one of {sorted(topology.subflows)}",
+                            _unknown(
+                                "subflow",
+                                subflow,
+                                topology.subflows,
+                                f"use one of {sorted(topology.subflows)}",
+                            ),
                         )
                     )
         elif role_name not in roles:
             problems.append(
-                Problem(f"{base}.{role_field}", f"unknown role '{role_name}'; use one of {sorted(roles)}")
+                Problem(
+                    f"{base}.{role_field}", _unknown("role", role_name, roles, f"use one of {sorted(roles)}")
+                )
             )
         if isinstance(node, AgentNode):
             for i, tool in enumerate(node.tools):
                 if tool not in topology.tools:
                     problems.append(
-                        Problem(f"{base}.tools[{i}]", f"unknown tool '{tool}'; declare it under tools")
+                        Problem(
+                            f"{base}.tools[{i}]",
+                            _unknown("tool", tool, topology.tools, "declare it under tools"),
+                        )
                     )
             if node.protocol not in PROTOCOLS:
                 problems.append(
                     Problem(
                         f"{base}.protocol",
-                        f"unknown protocol '{node.protocol}'; known: {', '.join(sorted(PROTOCOLS))}",
+                        _unknown(
+                            "protocol", node.protocol, PROTOCOLS, f"known: {', '.join(sorted(PROTOCOLS))}"
+                        ),
                     )
                 )
             else:
@@ -354,7 +481,8 @@ def _check_flow(
             if branch.goto != END and branch.goto not in flow.nodes:
                 problems.append(
                     Problem(
-                        f"{base}.next[{i}].goto", f"unknown node '{branch.goto}'; use a node name or '{END}'"
+                        f"{base}.next[{i}].goto",
+                        _unknown("node", branch.goto, flow.nodes, f"use a node name or '{END}'"),
                     )
                 )
             if branch.when is not None:
@@ -402,6 +530,16 @@ def _check_protocol(path: str, node: AgentNode) -> list[Problem]:
         for key in ("begin", "end")
         if options.get(key) == ""
     ]
+    tool = options.get("tool")
+    if (
+        isinstance(tool, str) and tool not in node.tools
+    ):  # the tool the tags call must be one the node may call
+        out.append(
+            Problem(
+                f"{path}.tool",
+                _unknown("tool", tool, node.tools, f"list it in the node's tools {node.tools}"),
+            )
+        )
     return out
 
 
