@@ -83,3 +83,23 @@ def test_the_spec_follows_the_canvas_and_the_canvas_follows_the_spec():
     editor.flow.nodes = nodes  # what a delete on the canvas sends back
     assert len(editor.spec["roles"]) == len(load("debate").roles) - 1
     assert pn.panel(editor).get_root() is not None
+
+
+def test_the_builtin_select_shows_the_loaded_topology_whatever_loaded_it():
+    editor = TopologyEditor("marsrl")
+    assert editor._load.value == "marsrl"
+    editor.topology = load("mars_cpu")
+    assert editor._load.value == "mars_cpu"
+    editor.load("debate")
+    assert editor._load.value == "debate"
+    editor._load.value = "hira"  # picked in the select
+    assert editor.topology == load("hira") and editor._load.value == "hira"
+    role = next(iter(editor.spec["roles"]))
+    editor.update_entry(f"role:{role}", {}, name=role + "_renamed")
+    assert editor._load.value == "", "an edited built-in is no longer that built-in"
+    editor._load.value = "hira"  # picking it again reloads it
+    assert editor.topology == load("hira") and editor._load.value == "hira"
+    custom = to_dict(load("mars_cpu")) | {"name": "mine"}
+    assert TopologyEditor(custom)._load.value == ""
+    assert TopologyEditor(load("matpo"))._load.value == "matpo"
+    assert "(custom)" in TopologyEditor(custom)._load.options

@@ -98,3 +98,84 @@ def test_a_background_rollout_stops_when_asked(tmp_path):
     assert len(episodes) == 50 and set(episodes["status"]) == {"cancelled"}
     with pytest.raises(ValueError, match="takes its backend and judge by name"):
         wb.rollout("marsrl", tasks, backend=object(), runs_dir=tmp_path, background=True)
+
+
+def _figures(root) -> list:
+    from bokeh.models import Plot
+
+    return list(root.select({"type": Plot}))
+
+
+def test_each_monitor_panel_has_its_own_y_axis(tmp_path):
+    store = RunStore.create(tmp_path, config={"kind": "train"})
+    _step(store, 0)
+    with store.step(1) as step:
+        step.log_metrics({"reward/mean": 0.2, "length/mean": 40.0, "grad_share": 0.5}, role="solver")
+    monitor = RewardMonitor(store.run_dir, live=False)
+    figures = _figures(pn.panel(monitor).get_root())
+    assert len(figures) == len(QUANTITIES)
+    assert len({id(f.y_range) for f in figures}) == len(figures), "no two panels share a y range"
+    by_title = {f.title.text: f for f in figures}
+    reward, length = by_title["reward"].y_range, by_title["response length (tokens)"].y_range
+    assert reward.end < 1.5 < 30 < length.end, "reward is not drawn on the token lengths' scale"
+    monitor.close()
+    store.close()
+
+
+def test_the_accuracy_panel_shows_each_roles_accuracy_without_held_out_evaluation(tmp_path):
+    store = RunStore.create(tmp_path, config={"kind": "train"})
+    for index in range(2):
+        with store.step(index) as step:
+            step.log_metrics({"reward/mean": 0.5, "accuracy": 0.5})
+            step.log_metrics({"reward/mean": 0.4, "accuracy": 0.25 * index}, role="solver")
+            step.log_metrics({"reward/mean": 0.3, "accuracy": 1.0}, role="verifier1")
+    monitor = RewardMonitor(store.run_dir, live=False)
+    accuracy = monitor.feed.series(next(q for q in QUANTITIES if q.title == "accuracy"))
+    assert {"solver · accuracy", "verifier1 · accuracy"} <= set(accuracy["label"])
+    assert accuracy.query("label == 'solver · accuracy'")["value"].tolist() == pytest.approx([0.0, 0.25])
+    monitor.close()
+    store.close()
+
+
+def _texts(view) -> str:
+    """The HTML/Markdown text and button names of a Panel layout, joined."""
+    parts = []
+    for obj in view.select(lambda o: isinstance(o, pn.pane.HTML | pn.pane.Markdown | pn.widgets.Button)):
+        parts.append(str(obj.object) if hasattr(obj, "object") else obj.name)
+    return "\n".join(parts)
+
+
+def test_the_dashboard_offers_stop_only_on_active_runs_and_shows_a_failed_runs_error(tmp_path):
+    from widgets.dashboard import Dashboard
+
+    runs = tmp_path / "runs"
+    live = RunStore.create(runs, config={"kind": "train"}, run_id="live")
+    live.set_status("running")
+    done = RunStore.create(runs, config={"kind": "train"}, run_id="done")
+    done.set_status("finished")
+    failed = RunStore.create(runs, config={"kind": "train"}, run_id="failed")
+    failed.log_event("error", {"error": "first try"})
+    failed.log_event("error", {"error": "CUDA out of memory on step 3"})
+    failed.set_status("failed")
+    dashboard = Dashboard(runs, role="operator", refresh_ms=100)
+
+    def stops() -> list:
+        return dashboard.run_view.select(lambda o: "wb-stop-run" in getattr(o, "css_classes", []))
+
+    dashboard.open_run("live")
+    assert len(stops()) == 1 and "running" in _texts(dashboard.run_view)
+    live.set_status("finished")
+    dashboard.refresh()  # the run ended while shown: its stop button goes
+    assert stops() == [] and "finished" in _texts(dashboard.run_view)
+    dashboard.open_run("done")
+    assert stops() == []
+    dashboard.open_run("failed")
+    text = _texts(dashboard.run_view)
+    assert stops() == [] and "CUDA out of memory on step 3" in text and "first try" not in text
+    monitor = RewardMonitor(failed.run_dir, live=False)  # the run's own status view says it too
+    assert "(failed)" in monitor._header.object and "CUDA out of memory on step 3" in monitor._header.object
+    monitor.close()
+    for view in dashboard._views:
+        view.close()
+    for store in (live, done, failed):
+        store.close()

@@ -2,13 +2,15 @@
 
 ``Dashboard(runs_dir, role)`` is one person's view (one per browser session when served by
 ``workbench serve``; displayable in a notebook too). The runs table refreshes every second; selecting
-a run opens its RewardMonitor, TrajectoryBrowser and config. Operators also get the RunLauncher and a
-Stop button for the selected run; a viewer's page holds neither (and the server refuses a viewer's
-launch or stop request however it is sent, see ``widgets.operator_api`` and ``RunLauncher.can_operate``).
-The dashboard only reads the run store.
+a run opens its status (with a failed run's error), RewardMonitor, TrajectoryBrowser and config; the
+status follows the runs table. Operators also get the RunLauncher and, while the selected run is active
+(created or running), a Stop button for it; a viewer's page holds neither (and the server refuses a
+viewer's launch or stop request however it is sent, see ``widgets.operator_api`` and
+``RunLauncher.can_operate``). The dashboard only reads the run store.
 
 CSS classes a browser test can find: ``wb-dashboard``, ``wb-runs`` (the runs table), ``wb-run-view``
-(the selected run's tabs), ``wb-role`` (the signed-in role), ``wb-stop-run`` (operators only).
+(the selected run's tabs), ``wb-role`` (the signed-in role), ``wb-stop-run`` (operators only, active
+runs only), ``wb-run-status`` and ``wb-run-error`` (the selected run's status and error).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import panel as pn
 
 from widgets.reward_monitor import RewardMonitor
 from widgets.run_launcher import RunLauncher
+from widgets.run_status import is_active, run_error, status_html
 
 RUN_COLUMNS = ["id", "name", "status", "topology", "last_step", "calls", "created_at"]
 
@@ -72,6 +75,8 @@ class Dashboard(pn.viewable.Viewer):
             pn.pane.Markdown("Select a run."), css_classes=["wb-run-view"], sizing_mode="stretch_width"
         )
         self.selected: Path | None = None
+        self._status: str | None = None
+        self._run_header = pn.Row(sizing_mode="stretch_width")
         self._views: list[Any] = []
         self._callback = None
 
@@ -85,6 +90,8 @@ class Dashboard(pn.viewable.Viewer):
         self.table.value = frame
         if selected in set(frame["id"]):
             self.table.selection = [int(frame.index[frame["id"] == selected][0])]
+            if frame.loc[frame["id"] == selected, "status"].iloc[0] != self._status:
+                self._show_status()
 
     def open_run(self, run_id: str) -> None:
         """Show run ``run_id``: its monitor, trajectories and config."""
@@ -96,7 +103,7 @@ class Dashboard(pn.viewable.Viewer):
         for view in self._views:
             getattr(view, "close", lambda: None)()
         self.selected = run_dir
-        monitor = RewardMonitor(run_dir, interval_ms=max(self.refresh_ms // 2, 100))
+        monitor = RewardMonitor(run_dir, interval_ms=max(self.refresh_ms // 2, 100), show_error=False)
         browser = TrajectoryBrowser(run_dir)
         self._views = [monitor, browser]
         tabs = pn.Tabs(
@@ -106,17 +113,30 @@ class Dashboard(pn.viewable.Viewer):
             dynamic=True,
             sizing_mode="stretch_width",
         )
-        header = [pn.pane.Markdown(f"### {run_id}")]
-        if self.operator:
+        self._show_status()
+        self.run_view.objects = [self._run_header, tabs]
+
+    def _show_status(self) -> None:
+        """Redraw the selected run's header: its status, a failed run's error, Stop while it is active."""
+        reader = self._views[0].feed.reader
+        run_dir = reader.run_dir
+        self._status = reader.info()["status"]
+        error = run_error(reader) if self._status == "failed" else None
+        header: list[Any] = [
+            pn.pane.Markdown(f"### {run_dir.name}"),
+            pn.pane.HTML(status_html(self._status, error), sizing_mode="stretch_width"),
+        ]
+        if self.operator and is_active(self._status):
             stop = pn.widgets.Button(name="Stop this run", button_type="danger", css_classes=["wb-stop-run"])
             stop.on_click(lambda _e: self._stop(run_dir))
-            header.append(stop)
-        self.run_view.objects = [pn.Row(*header), tabs]
+            header.insert(1, stop)
+        self._run_header.objects = header
 
     def _stop(self, run_dir: Path) -> None:
         from workbench.training import BackgroundRun
 
-        if self.can_operate():  # checked again on the server at the moment of the click
+        # the role is checked again on the server at the moment of the click, and the run must still be going
+        if self.can_operate() and is_active(self._status):
             BackgroundRun(run_dir).request_stop()
 
     def _select(self, event: Any) -> None:

@@ -11,6 +11,9 @@ Two-way sync: ``editor.spec`` is the current spec as data (even when invalid), `
 the last valid ``Topology`` (a param a notebook can watch); setting ``editor.topology`` redraws the
 canvas. ``editor.to_yaml()`` / the Export button give YAML that loads back into an equal topology.
 
+The built-in select follows the spec however it was loaded or edited: it names the built-in the spec
+is, unedited, and reads "(custom)" otherwise.
+
 CSS classes a browser test can find: ``wb-editor``, ``wb-editor-load`` (the built-in select),
 ``wb-field-<name>`` (a form field), ``wb-apply``, ``wb-export``, ``wb-yaml`` (the exported YAML),
 ``wb-editor-errors`` (the banner); canvas nodes carry ``data-id="role:NAME"`` etc. (React Flow's).
@@ -19,6 +22,7 @@ CSS classes a browser test can find: ``wb-editor``, ``wb-editor-load`` (the buil
 from __future__ import annotations
 
 import html
+from functools import cache
 from typing import Any
 
 import panel as pn
@@ -35,6 +39,13 @@ from workbench.topology.validate import TopologyError
 SCHEMA_DEFS = {"role": "Role", "tool": "Tool", "call": "CallNode", "agent": "AgentNode", "map": "MapNode",
                "dag": "DagNode"}  # fmt: skip
 ERROR_STYLE = {"border": "2px solid #c62828", "background": "#ffebee"}
+#: The built-in select's label for a spec that is no built-in (or an edited one); its value is "".
+CUSTOM = "(custom)"
+
+
+@cache
+def _builtin(name: str) -> Topology:
+    return load(name)
 
 
 def _field_widget(name: str, schema: dict, value: Any) -> pn.widgets.Widget:
@@ -69,7 +80,7 @@ class TopologyEditor(pn.viewable.Viewer):
     def __init__(self, topology: Topology | dict | str = "marsrl", **params: Any) -> None:
         super().__init__(**params)
         self.spec: dict = {}
-        self._syncing = False
+        self._syncing = self._syncing_select = False
         self.flow = ReactFlow(sizing_mode="stretch_width", height=520, display_side_bar=False)
         self.flow.param.watch(self._canvas_changed, ["nodes", "edges"])
         self.flow.param.watch(self._selected, "selection")
@@ -77,10 +88,10 @@ class TopologyEditor(pn.viewable.Viewer):
         self._banner = pn.pane.HTML("", css_classes=["wb-editor-errors"], sizing_mode="stretch_width")
         self._yaml = pn.pane.HTML("", css_classes=["wb-yaml"], sizing_mode="stretch_width")
         self._load = pn.widgets.Select(
-            label="built-in topology", options=library(), css_classes=["wb-editor-load"],
-            value=topology if isinstance(topology, str) and topology in library() else None,
+            label="built-in topology", options={CUSTOM: "", **{n: n for n in library()}}, value="",
+            css_classes=["wb-editor-load"],
         )  # fmt: skip
-        self._load.param.watch(lambda e: self.load(e.new) if e.new else None, "value")
+        self._load.param.watch(self._picked, "value")
         self.param.watch(self._topology_set, "topology")
         self.load(topology)
 
@@ -100,6 +111,28 @@ class TopologyEditor(pn.viewable.Viewer):
         self.spec = spec
         self._validate()
         self._draw()
+        self._show_source()
+
+    def builtin_name(self) -> str | None:
+        """The built-in topology the current spec is, unedited; None for any other spec."""
+        name = self.spec.get("name")
+        if self.problems or not isinstance(name, str) or name not in library():
+            return None
+        return name if self.topology == _builtin(name) else None
+
+    def _show_source(self) -> None:
+        """Point the built-in select at the current spec: its name, or (custom) when it is no built-in."""
+        value = self.builtin_name() or ""
+        if self._load.value != value:
+            self._syncing_select = True
+            try:
+                self._load.value = value
+            finally:
+                self._syncing_select = False
+
+    def _picked(self, event: Any) -> None:
+        if event.new and not self._syncing_select:
+            self.load(event.new)
 
     def _draw(self) -> None:
         nodes, edges = canvas.to_graph(self.spec)
