@@ -90,8 +90,8 @@ def problems_despite_types(data: dict[str, Any], error: ValidationError, rounds:
     problem, or leaving fields out does not give a spec."""
     try:
         return _problems_despite_types(data, error, rounds)
-    except (RecursionError, ValueError, TypeError):  # a spec too broken to check further: the type errors stand
-        return []
+    except (RecursionError, ValueError, TypeError):
+        return []  # a spec too broken to check further: its type errors stand
 
 
 def _problems_despite_types(data: dict[str, Any], error: ValidationError, rounds: int) -> list[Problem]:
