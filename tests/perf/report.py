@@ -171,7 +171,9 @@ def render_precision(r: dict) -> str:
         f"~{r['prompt_tokens_median']} and completions ~{r['completion_tokens_median']} tokens, token budget "
         f"{r['token_budget']:,}, {r['device']}, {_where(r)}, {r['when']}):",
         "",
-        "| variant | step | trained tokens/s | peak memory | MFU |",
+        "| variant | step | trained tokens/s | "
+        + ("peak memory (the process's RSS) |" if r["device"] == "cpu" else "peak GPU memory |")
+        + " MFU |",
         "|---|---|---|---|---|",
     ]
     for name, v in r["variants"].items():
