@@ -1,6 +1,6 @@
-"""Writes the README's performance section from the benchmarks' JSON results (never by hand).
+"""Writes docs/performance.md and the README's headline table from the benchmarks' JSON results (never by hand).
 
-    python -m tests.perf.report                    # tests/perf/results/ (and results/gpu/), rewrites README.md
+    python -m tests.perf.report                    # tests/perf/results/ (and results/gpu/): both files
     python -m tests.perf.report --print            # prints the section instead
     python -m tests.perf.report --results artifacts/perf --print   # a quick suite's figures
 
@@ -24,6 +24,7 @@ from tests.perf.suite import BENCHMARKS, base_name, headlines
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).parent / "results"
+DOCS = ROOT / "docs" / "performance.md"
 BEGIN, END = "<!-- perf:begin -->", "<!-- perf:end -->"
 
 
@@ -374,12 +375,29 @@ def section(results: Path = RESULTS) -> str:
     return "\n\n".join(parts)
 
 
-def update_readme(readme: Path = ROOT / "README.md", results: Path = RESULTS) -> None:
-    text = readme.read_text()
+def summary(results: Path = RESULTS) -> str:
+    """The README's part: the headline ratios of the CPU run and of the GPU profile, and where the rest is."""
+    cpu = headline_table(load_results(results)[0])
+    parts = [cpu or "_No benchmark results yet: run `python -m tests.perf`._"]
+    gpu_results = load_results(results / "gpu")[0] if (results / "gpu").is_dir() else {}
+    gpu = headline_table(gpu_results)
+    chips = sorted({r["machine"]["gpu"] for r in gpu_results.values() if r.get("machine", {}).get("gpu")})
+    parts.append(
+        f"GPU profile ({', '.join(chips) or 'GPU'}):\n\n{gpu}"
+        if gpu
+        else "_No GPU figures yet: run `bash tests/perf/gpu_check.sh` on a GPU machine._"
+    )
+    parts.append("Every benchmark's workload and tables: [docs/performance.md](docs/performance.md).")
+    return "\n\n".join(parts)
+
+
+def write_between_markers(path: Path, text: str) -> None:
+    """Replace what ``path`` holds between the perf markers with ``text``."""
+    content = path.read_text()
     pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-    if not pattern.search(text):
-        raise SystemExit(f"{readme} has no {BEGIN} ... {END} markers")
-    readme.write_text(pattern.sub(lambda _: f"{BEGIN}\n{section(results)}\n{END}", text))
+    if not pattern.search(content):
+        raise SystemExit(f"{path} has no {BEGIN} ... {END} markers")
+    path.write_text(pattern.sub(lambda _: f"{BEGIN}\n{text}\n{END}", content))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -389,14 +407,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
     parser.add_argument(
-        "--print", action="store_true", help="print the section instead of writing the README"
+        "--docs", type=Path, default=DOCS, help="the detailed page (default docs/performance.md)"
+    )
+    parser.add_argument(
+        "--print", action="store_true", help="print the detailed section instead of writing the files"
     )
     args = parser.parse_args(argv)
     if args.print:
         print(section(args.results))
         return
-    update_readme(args.readme, args.results)
-    print(f"updated the performance section of {args.readme} from {args.results}")
+    write_between_markers(args.docs, section(args.results))
+    write_between_markers(args.readme, summary(args.results))
+    print(f"updated {args.docs} and the headline table of {args.readme} from {args.results}")
 
 
 if __name__ == "__main__":

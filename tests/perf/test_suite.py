@@ -300,3 +300,36 @@ def test_schedulers_headline_and_report_read_its_json():
         and "| sync | 2.00 | 1.00x | 1.90 | 1.00x |" in text
     )
     assert "steady: steps 3-6" in text
+
+
+def test_report_writes_the_detail_to_docs_and_only_the_headline_to_the_readme(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "precision.json").write_text(
+        json.dumps(
+            {
+                "benchmark": "precision",
+                "mode": "full",
+                "model": "tiny",
+                "device": "cpu",
+                "lora": False,
+                "samples": 4,
+                "prompt_tokens_median": 8,
+                "completion_tokens_median": 8,
+                "token_budget": 64,
+                "variants": {"fp32": {"step_s": 2.0, "tokens_per_s": 10.0, "peak_memory_gb": 1.0}},
+                "ratios": {"bf16_vs_fp32_step": 0.5},
+                "machine": {"cpus": 2},
+                "when": "2026-01-01T00:00:00Z",
+            }
+        )
+    )
+    readme, docs = tmp_path / "README.md", tmp_path / "performance.md"
+    for page in (readme, docs):
+        page.write_text(f"intro\n\n{report.BEGIN}\nold\n{report.END}\n\nafter\n")
+    report.main(["--results", str(results), "--readme", str(readme), "--docs", str(docs)])
+    front, detail = readme.read_text(), docs.read_text()
+    assert "| precision | bf16 step vs fp32 | 0.50 |" in front and "**Trainer precision" not in front
+    assert "docs/performance.md" in front and "No GPU figures yet" in front
+    assert "**Trainer precision and memory**" in detail and "| fp32 | 2.000 s |" in detail
+    assert front.startswith("intro") and front.endswith("after\n") and "old" not in front + detail
