@@ -54,6 +54,14 @@ def test_mars_routes_search_through_system1_and_passes_python_straight_back(toke
     trainable = tokenizer.decode(_owned(system2, TokenOwner.TRAINABLE))
     assert "search first" in trainable and "Distilled" not in trainable and "42" not in trainable
     assert "expert information extractor" not in system2.prompt_text  # System 2 never sees raw pages
+    # the whole interleaved completion as text, by owner; each tool result's text beside its summary
+    transcript = system2.parsed["transcript"]
+    assert "".join(s["text"] for s in transcript) == tokenizer.decode(system2.completion_ids)
+    assert transcript[0]["owner"] == "trainable" and {"tool", "other_role"} <= {
+        s["owner"] for s in transcript
+    }
+    assert system2.completion_text in transcript[-1]["text"]  # completion_text: the last turn only
+    assert "Distilled" in system2.tool_results[0]["text"] and "42" in system2.tool_results[1]["text"]
     # the search ran over the task's own corpus: a supporting document reached System 1
     supporting = {f"kb://{doc}" for hop in task.metadata["supporting_docs"] for doc in hop}
     assert any(url in call.prompt_text for call in system1 for url in supporting)
@@ -137,6 +145,7 @@ def test_a_malformed_call_and_an_unknown_tool_are_recorded_and_the_agent_goes_on
         "ok": False,
         "error": "unknown tool",
         "seconds": 0.0,
+        "text": "Error: unknown tool 'teleport'; available: search, scholar, python",
     }
     assert "unknown tool 'teleport'" in tokenizer.decode(_owned(system2, TokenOwner.TOOL))
 
@@ -313,3 +322,21 @@ def test_hira_keeps_a_fact_two_experts_report_once_in_memory(tokenizer, task):
     assert [m for m in memory if m.startswith("Result for")] == [
         f"Result for subtask {i}: {task.answer}" for i in range(2)
     ]
+
+
+def test_the_store_keeps_an_agent_calls_transcript_and_tool_result_texts(tokenizer, task, tmp_path):
+    def script(prompt: str) -> str:
+        if prompt.count("<tool_response>") == 0:
+            return '<tool_call>{"name": "python", "arguments": {"code": "print(6*7)"}}</tool_call>'
+        return "<answer>42</answer>"
+
+    result = wb.rollout(
+        wb.load_topology("mars"), [task], backend=ScriptedBackend(tokenizer, script), runs_dir=tmp_path
+    )
+    reader = wb.RunReader(result.run_dir)
+    calls = reader.calls()
+    system2 = calls[calls["role"] == "system2"].iloc[0]
+    assert "42" in system2["tool_results"][0]["text"]
+    transcript = reader.transcript(int(system2["id"]))
+    assert [s["owner"] for s in transcript][:2] == ["trainable", "tool"] and "42" in transcript[1]["text"]
+    assert "<answer>42</answer>" in transcript[-1]["text"] and transcript[-1]["owner"] == "trainable"

@@ -105,3 +105,15 @@ class Conversation:
 
     def decoded(self) -> str:
         return self.tokenizer.decode(self.completion_ids, skip_special_tokens=False)
+
+    def segments(self) -> list[dict[str, str]]:
+        """The whole interleaved completion as text, cut where its owner changes: ``[{"owner": "trainable" |
+        "tool" | "other_role" | "masked", "text": ...}, ...]`` in order (what the tokens and mask hold)."""
+        out: list[dict[str, str]] = []
+        start = 0
+        for end in range(1, len(self.mask) + 1):
+            if end == len(self.mask) or self.mask[end] != self.mask[start]:
+                text = self.tokenizer.decode(self.completion_ids[start:end], skip_special_tokens=False)
+                out.append({"owner": TokenOwner(self.mask[start]).name.lower(), "text": text})
+                start = end
+        return out

@@ -502,7 +502,9 @@ class Rollout:
             )
             for call, (content, info) in zip(calls_to_run, results, strict=True):
                 tool_calls.append({"name": call.name, "arguments": call.arguments})
-                tool_results.append(info)
+                tool_results.append(
+                    {**info, "text": _capped(content)}
+                )  # what the agent read, beside the summary
                 owner = TokenOwner.OTHER_ROLE if info.get("via") else TokenOwner.TOOL
                 conversation.insert(protocol.format_result(call, content), owner, role=node.result_role)
             if node.max_tool_calls is not None and len(tool_calls) >= node.max_tool_calls:
@@ -529,6 +531,8 @@ class Rollout:
             "answer": actions.answer,
             "turns": len(conversation.turn_texts),
             "tool_calls": len(tool_calls),
+            # the whole interleaved completion by owner: completion_text holds only the last turn
+            "transcript": conversation.segments(),
         }
         record = self._record(
             state,
@@ -711,6 +715,19 @@ class Rollout:
             )
         )
         return generation
+
+
+#: Characters of a tool result's text kept in its record (the agent read all of it; the tokens hold it too).
+TOOL_TEXT_CHARS = 4000
+
+
+def _capped(content: Any) -> str:
+    text = content if isinstance(content, str) else str(content)
+    return (
+        text
+        if len(text) <= TOOL_TEXT_CHARS
+        else text[:TOOL_TEXT_CHARS] + f" [... {len(text) - TOOL_TEXT_CHARS} more]"
+    )
 
 
 def describe_error(error: BaseException) -> str:

@@ -266,6 +266,21 @@ class RunReader:
             params += [-1 if limit is None else limit, offset]
         return self._frame(*self._query(sql, params), arrays=arrays)
 
+    def transcript(self, call_id: int) -> list[dict[str, str]]:
+        """The whole completion of call ``call_id`` as text by owner (``trainable``, ``tool``, ``other_role``,
+        ``masked``): an agent call's interleaved turns and tool results as the engine recorded them, a plain
+        call's completion as one trainable segment. Each tool result's text is also in ``tool_results``."""
+        import json
+
+        rows = self._query("SELECT action, completion_text FROM calls WHERE id = ?", (int(call_id),))[1]
+        if not rows:
+            raise KeyError(f"no call {call_id} in {self.run_dir}")
+        stored, text = rows[0]
+        action = json.loads(stored) if isinstance(stored, str) and stored else None
+        if isinstance(action, dict) and isinstance(action.get("transcript"), list):
+            return list(action["transcript"])
+        return [{"owner": "trainable", "text": text}]
+
     def call_counts(
         self,
         by: str | Sequence[str] = "role",

@@ -4,10 +4,14 @@ A topology names tools by kind with options (``kind: bm25, options: {top_k: 10}`
 ``make_tool(kind, **options)`` builds one and ``run_tool(tool, arguments, timeout)`` calls it
 safely (validated, time-limited, failures returned as ``ToolResult(ok=False, error=...)``).
 
->>> import asyncio
 >>> from workbench.tools import make_tool, run_tool
 >>> search = make_tool("bm25", top_k=5)
->>> result = asyncio.run(run_tool(search, {"queries": ["Who founded Vexaro Works?"]}, timeout=10))
+>>> result = await run_tool(search, {"queries": ["Who founded Vexaro Works?"]}, timeout=10)  # a notebook cell
+
+(In a script, with no event loop running: ``asyncio.run(run_tool(...))``; a notebook already runs one, where
+``asyncio.run`` fails.) Your own kinds: subclass :class:`~workbench.tools.base.Tool` and
+:func:`register_tool_kind`; ``wb.train`` carries what a notebook registers into its runs
+(``workbench.engine.plugins``).
 
 Kinds: ``bm25`` (:class:`~workbench.tools.search.SearchTool`), ``python``
 (:class:`~workbench.tools.sandbox.PythonTool`), ``web_search``
