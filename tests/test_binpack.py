@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.rl.binpack import (
+from workbench.engine.binpack import (
     BinPackingError,
     ffd_pack,
     ffd_pack_naive,

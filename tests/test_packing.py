@@ -27,7 +27,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.rl.binpack import BinPackingError
+from workbench.engine.binpack import BinPackingError
 from workbench.rl.packing import (
     BLOCK_ATTENTION,
     PackedBatch,

@@ -3,7 +3,7 @@
     python -m tests.perf.bench_binpack --quick    # 1 instance per distribution, a few seconds
     python -m tests.perf.bench_binpack            # 5 instances each, the figures for the README
 
-Each distribution draws 10,000 integer sizes (token counts) with a fixed seed. ``workbench.rl.binpack.
+Each distribution draws 10,000 integer sizes (token counts) with a fixed seed. ``workbench.engine.binpack.
 ffd_pack`` (max-tree first-fit search) is timed as the median of several runs; the plain two-loop
 version of the MARS sketch (``ffd_pack_naive``, O(items x bins)) packs the same instance once in the
 same run, and the two packings must be identical. Quality is bins / ceil(sum / capacity), counting a
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.perf.runner import machine, now, write_json
-from workbench.rl.binpack import ffd_pack, ffd_pack_naive
+from workbench.engine.binpack import ffd_pack, ffd_pack_naive
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "binpack.json"
 

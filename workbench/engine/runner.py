@@ -647,7 +647,7 @@ class Rollout:
         self, spec: Any, documents: list[str], call: ToolCall, variables: dict, state: _Episode, parent: int
     ) -> list[str]:
         """MARS's System 1: pack documents into bins (FFD) and distil each bin in one stateless call."""
-        from workbench.rl.binpack import pack_texts
+        from workbench.engine.binpack import pack_texts
 
         role = self.topology.roles[spec.route.via]
         tokenizer = self.backends[role.policy].tokenizer

@@ -5,7 +5,7 @@ solver's long derivation). Padding each micro-batch to its longest sample comput
 through, tokens that carry nothing. Here instead:
 
 1. :func:`plan_micro_batches` groups sample indices by First-Fit-Decreasing
-   (:func:`workbench.rl.binpack.ffd_pack`) so each micro-batch holds at most ``token_budget`` prompt +
+   (:func:`workbench.engine.binpack.ffd_pack`) so each micro-batch holds at most ``token_budget`` prompt +
    completion tokens (a sample longer than the budget gets a micro-batch of its own);
 2. :func:`collate` concatenates a micro-batch's samples into ONE row, ``input_ids [1, T]``, with
    ``position_ids`` restarting at 0 at each sample, and records for every completion token the row
@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from workbench.rl.binpack import check_sizes, ffd_pack
+from workbench.engine.binpack import check_sizes, ffd_pack
 from workbench.rl.samples import Sample
 
 
