@@ -81,8 +81,9 @@ chromium:
 # processes they start): two processes of two OpenMP threads on two cores spin against each other, and
 # measured here the same two concurrent smollm2 test runs took 292 s with two threads each, 71 s with one.
 test: env-test chromium
-	@echo "==> ruff"
+	@echo "==> ruff, import layers"
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	@echo "==> pytest, parallel phase (unit, integration, notebooks, browser, quick benchmarks)"
 	@start=$$SECONDS; OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(VENV)/bin/pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not vllm" tests notebooks reports --nbval-lax \
 	  --durations=15 $(PYTEST_ARGS); rc=$$?; echo "parallel phase: $$((SECONDS - start)) s" | tee .test-phases; exit $$rc
@@ -102,6 +103,7 @@ perf: env-test
 lint: env-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
