@@ -51,22 +51,33 @@ def notebook_plugins():
     VERIFIERS.pop("length_is_even", None)
 
 
-SPEC = {
-    "name": "with_plugins",
-    "tools": {"calc": {"kind": "calculator", "description": "Adds two numbers."}},
-    "roles": {
-        "solver": {
-            "messages": [{"role": "user", "content": "{{ question }}"}],
-            "reward": {"kind": "answer", "verifier": "length_is_even"},
-            "sampling": {"max_tokens": 6},
-        }
-    },
-    "flow": {
-        "start": "solve",
-        "nodes": {"solve": {"call": "solver", "bind": {"reply": "text"}}},
-        "answer": "{{ reply }}",
-    },
-}
+def _spec(name: str, tools: dict, verifier: str, node: dict, max_tokens: int) -> dict:
+    """A one-role topology: its solver's call ``node`` (a call or an agent), bound to the answer."""
+    return {
+        "name": name,
+        "tools": tools,
+        "roles": {
+            "solver": {
+                "messages": [{"role": "user", "content": "{{ question }}"}],
+                "reward": {"kind": "answer", "verifier": verifier},
+                "sampling": {"max_tokens": max_tokens},
+            }
+        },
+        "flow": {
+            "start": "solve",
+            "nodes": {"solve": {**node, "bind": {"reply": "text"}}},
+            "answer": "{{ reply }}",
+        },
+    }
+
+
+SPEC = _spec(
+    "with_plugins",
+    {"calc": {"kind": "calculator", "description": "Adds two numbers."}},
+    "length_is_even",
+    {"call": "solver"},
+    max_tokens=6,
+)
 
 
 def test_only_what_was_registered_outside_the_workbench_travels(notebook_plugins):
@@ -86,25 +97,30 @@ def test_only_what_was_registered_outside_the_workbench_travels(notebook_plugins
     assert out.splitlines() == ["['tool kinds: calculator', 'verifiers: length_is_even']", "1.0", "5"]
 
 
-def test_a_background_run_and_its_resume_get_the_notebooks_plugins(notebook_plugins, tmp_path):
-    topology = from_dict(SPEC)  # validates here: the kernel knows the calculator kind
+def _background_run(tmp_path, spec, **overrides):
+    """A background run of ``spec`` on the tiny model: steps of 2 tasks x 2 samples, 8-token completions."""
     config = {
         "model": "tiny",
         "steps": 1,
         "batch_size": 2,
         "group_size": 2,
         "n_tasks": 4,
-        "runs_dir": str(tmp_path),
+        "max_tokens": 8,
+        "runs_dir": str(tmp_path / "runs"),
+        **overrides,
     }
-    run = wb.train(topology, config=config, task_options={"level": 1})
+    return wb.train(from_dict(spec), config=config, task_options={"level": 1})
+
+
+def test_a_background_run_and_its_resume_get_the_notebooks_plugins(notebook_plugins, tmp_path):
+    run = _background_run(tmp_path, SPEC)  # the spec validates here: the kernel knows the calculator kind
     assert run.wait(300) == "finished", run.log()
     assert (run.run_dir / plugins.PLUGINS_FILE).is_file()
     episodes = wb.RunReader(run.run_dir).episodes()
     assert len(episodes) == 4 and set(episodes["reward"]) <= {0.0, 1.0}  # scored by the notebook's verifier
     assert (episodes["status"] == "complete").all()
-    resumed = wb.resume(
-        run.run_dir, steps=2
-    )  # a fresh process again: the plugins come from the run directory
+    # a fresh process again: the plugins come from the run directory
+    resumed = wb.resume(run.run_dir, steps=2)
     assert resumed.wait(300) == "finished", resumed.log()
 
 
@@ -121,3 +137,145 @@ def test_a_plugin_module_named_on_the_command_line_is_imported_and_a_broken_one_
     accepted = subprocess.run([*command, "--plugins", "calc_plugin"], capture_output=True, text=True, env=env)
     assert accepted.returncode == 0, accepted.stderr
     assert "ok: 'with_plugins'" in accepted.stdout
+
+
+# --- a plugin that fails: reported where a user looks (run.wait(), run.status, run.error(), run.log()) ---
+
+
+# the same spec without the notebook's plugins: a built-in verifier (the task's own), no tools
+SPEC_BUILTIN = {
+    **SPEC,
+    "tools": {},
+    "roles": {"solver": {**SPEC["roles"]["solver"], "reward": {"kind": "answer"}}},
+}
+
+
+def test_a_plugin_module_that_raises_at_import_fails_the_run_with_its_message_and_traceback(
+    tmp_path, monkeypatch
+):
+    (tmp_path / "broken_import_plugin.py").write_text(
+        "def _load_table():\n    raise RuntimeError('calculator table missing: /no/such/table.csv')\n\n_load_table()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))  # spawn hands the parent's sys.path to the child
+    run = _background_run(tmp_path, SPEC_BUILTIN, plugins=["broken_import_plugin"])
+    with pytest.raises(RuntimeError) as failed:
+        run.wait(120)
+    message = str(failed.value)
+    assert "plugin module 'broken_import_plugin' could not be imported" in message
+    assert "RuntimeError: calculator table missing: /no/such/table.csv" in message
+    assert run.status == "failed"
+    assert "calculator table missing: /no/such/table.csv" in run.error()
+    log = run.log()
+    assert "Traceback (most recent call last)" in log
+    assert "_load_table" in log and "broken_import_plugin.py" in log  # the plugin's own frame
+    assert run.process.exitcode == 1
+
+
+BROKEN_TOOL_CELL = """
+from workbench.tools import Tool, ToolResult, register_tool_kind
+
+class NeedsAKey(Tool):
+    name = "lookup"
+    description = "Looks a word up."
+    parameters = {"type": "object", "properties": {"word": {"type": "string"}}}
+
+    def __init__(self, **options):
+        raise RuntimeError("LOOKUP_API_KEY is not set")
+
+    async def __call__(self, word):
+        return ToolResult(ok=True, content=word)
+
+register_tool_kind("broken_lookup", NeedsAKey, replace=True)
+"""
+
+# An agent whose tool calls the random tiny model writes by chance: the ``tags`` protocol with a space and an "n"
+# as its tags (most of its turns hold " ...n"), so the tool is built, and fails, in about half of the episodes.
+TOOL_SPEC = _spec(
+    "with_a_broken_tool",
+    {"lookup": {"kind": "broken_lookup", "description": "Looks a word up."}},
+    "exact",
+    {
+        "agent": "solver",
+        "tools": ["lookup"],
+        "protocol": "tags",
+        "protocol_options": {
+            "begin": " ",
+            "end": "n",
+            "tool": "lookup",
+            "argument": "word",
+            "result_begin": "<result>",
+            "result_end": "</result>",
+        },
+        "max_turns": 3,
+    },
+    max_tokens=16,
+)
+
+
+def test_a_tool_whose_constructor_raises_is_recorded_on_each_episode_that_calls_it_and_the_run_goes_on(
+    tmp_path,
+):
+    """The engine builds a tool when an agent first calls it, inside the episode: the exception becomes that
+    episode's error (``Type: message``, no traceback), the episode ends with status ``error`` and reward 0, the
+    step counts it (``episodes/error``) and its log line names the first such error, and the run finishes:
+    ``run.error()`` is None (no error ended the run)."""
+    exec(compile(BROKEN_TOOL_CELL, "<notebook cell>", "exec"), {"__name__": "__notebook__"})  # noqa: S102
+    try:
+        run = _background_run(tmp_path, TOOL_SPEC, steps=2)
+        assert run.wait(120) == "finished", run.log()
+    finally:
+        TOOL_KINDS.pop("broken_lookup", None)
+    assert run.status == "finished" and run.error() is None
+    reader = wb.RunReader(run.run_dir)
+    episodes = reader.episodes()
+    failed = episodes[episodes["status"] == "error"]
+    assert len(failed) > 0, "the tiny model called the tool in no episode"  # about 1 in 4**8 runs
+    assert set(failed["error"]) == {
+        "RuntimeError: LOOKUP_API_KEY is not set"
+    }  # the real message, never empty
+    assert (failed["reward"] == 0.0).all()
+    assert set(episodes["status"]) <= {"error", "complete"}  # the others never called the tool
+    metrics = run.metrics()
+    assert metrics["episodes/error"].sum() == len(failed)
+    assert "episodes failed; the first: RuntimeError: LOOKUP_API_KEY is not set" in run.log()
+
+
+def test_a_verifier_that_raises_mid_run_fails_the_run_with_its_message_and_traceback(tmp_path):
+    """Rewards are assigned after the episode's own error handling, so a verifier's exception is not an episode
+    error: it ends the step and the run (``failed``), with the verifier's message and the traceback through it;
+    the steps before it stay stored."""
+    cell = (
+        "from workbench.rewards import register\n"
+        "scored = 0\n"
+        "@register('flaky_after_a_step')\n"
+        "def flaky_after_a_step(prediction, reference):\n"
+        "    global scored\n"
+        "    scored += 1\n"
+        "    if scored > 4:  # step 0 scores its 2 x 2 episodes; step 1's first one raises\n"
+        "        raise ZeroDivisionError(f'flaky verifier: no unit for reference {reference!r}')\n"
+        "    return 1.0\n"
+    )
+    exec(compile(cell, "<notebook cell>", "exec"), {"__name__": "__notebook__"})  # noqa: S102
+    spec = {**SPEC, "tools": {}}
+    spec["roles"] = {
+        "solver": {**SPEC["roles"]["solver"], "reward": {"kind": "answer", "verifier": "flaky_after_a_step"}}
+    }
+    try:
+        run = _background_run(tmp_path, spec, steps=2)
+        with pytest.raises(
+            RuntimeError, match=r"failed: ZeroDivisionError: flaky verifier: no unit for reference '\d+'"
+        ):
+            run.wait(120)
+    finally:
+        VERIFIERS.pop("flaky_after_a_step", None)
+    assert run.status == "failed" and run.process.exitcode == 1
+    assert run.error().startswith("ZeroDivisionError: flaky verifier: no unit for reference ")
+    log = run.log()
+    assert "Traceback (most recent call last)" in log
+    assert "in flaky_after_a_step" in log and "in verify" in log  # through the workbench into the verifier
+    assert log.count("ZeroDivisionError: flaky verifier") == 1  # printed once, by the background process
+    metrics = run.metrics()
+    assert list(metrics.index) == [0], metrics  # step 0 kept
+    assert metrics.loc[0, "solver/reward/mean"] == 1.0, list(
+        metrics.columns
+    )  # scored by the notebook's verifier

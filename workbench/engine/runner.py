@@ -799,9 +799,11 @@ def run_sync(coroutine_factory: Callable[[], Any], on_interrupt: Callable[[], No
     """
     try:
         asyncio.get_running_loop()
+        running = True
     except RuntimeError:
-        if on_interrupt is None:
-            return asyncio.run(coroutine_factory())
+        running = False
+    if not running and on_interrupt is None:  # outside the except: its error would be chained to each failure
+        return asyncio.run(coroutine_factory())
     return _run_in_thread(coroutine_factory, on_interrupt)
 
 

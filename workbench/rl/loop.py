@@ -258,6 +258,13 @@ def run_training(
                 f"step {step}: reward {metrics.get('reward/mean', 0.0):.3f}, loss {metrics.get('loss', 0.0):.4f}, "
                 f"{metrics['time/step_s']:.1f} s" + (f" (role rewards: {per_role})" if per_role else "")
             )
+            failed = [e for e in got.episodes if e.status == "error"]
+            if (
+                failed
+            ):  # an episode's error (a tool that cannot be built, a backend error) must not pass silently
+                log(
+                    f"step {step}: {len(failed)} of {len(got.episodes)} episodes failed; the first: {failed[0].error}"
+                )
             if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
                 state = {"policy_version": policy_version, "updates": trainer.updates}
                 checkpoint.save(
