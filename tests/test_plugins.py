@@ -279,3 +279,18 @@ def test_a_verifier_that_raises_mid_run_fails_the_run_with_its_message_and_trace
     assert metrics.loc[0, "solver/reward/mean"] == 1.0, list(
         metrics.columns
     )  # scored by the notebook's verifier
+
+
+def test_an_entry_that_cannot_travel_is_left_out_with_a_warning_naming_it(notebook_plugins):
+    import threading
+
+    lock = threading.Lock()
+    VERIFIERS["holds_a_lock"] = lambda prediction, reference, lock=lock: 1.0  # a lock cannot be pickled
+    try:
+        with pytest.warns(UserWarning, match="verifier 'holds_a_lock' registered here cannot be sent"):
+            data = plugins.snapshot()
+    finally:
+        VERIFIERS.pop("holds_a_lock")
+    import cloudpickle
+
+    assert set(cloudpickle.loads(data)["verifiers"]) == {"length_is_even"}

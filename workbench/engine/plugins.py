@@ -63,20 +63,27 @@ def registered() -> dict[str, dict[str, Any]]:
 
 
 def snapshot() -> bytes | None:
-    """Everything :func:`registered` holds, cloudpickled; None when nothing is."""
+    """Everything :func:`registered` holds, cloudpickled; None when nothing is. An entry that cannot be pickled
+    (a closure over a lock or an open model, say) is left out with a warning naming it: a run whose spec uses
+    it then fails in its own process with that name unknown."""
+    import warnings
+
     import cloudpickle
 
-    entries = registered()
-    if not entries:
-        return None
-    try:
-        return cloudpickle.dumps(entries)
-    except Exception as error:  # noqa: BLE001 - named: which entry could not travel
-        names = ", ".join(f"{kind} {key!r}" for kind, found in entries.items() for key in found)
-        raise ValueError(
-            f"the plugins registered here ({names}) cannot be sent to the run's process: {error}; define them "
-            "in a module and list it in the config's plugins"
-        ) from error
+    entries: dict[str, dict[str, Any]] = {}
+    for kind, found in registered().items():
+        for key, entry in found.items():
+            try:
+                cloudpickle.dumps(entry)
+            except Exception as error:  # noqa: BLE001 - named in the warning
+                warnings.warn(
+                    f"the {kind[:-1]} {key!r} registered here cannot be sent to a run's process ({error}); define it "
+                    "in a module and list it in the config's plugins",
+                    stacklevel=2,
+                )
+                continue
+            entries.setdefault(kind, {})[key] = entry
+    return cloudpickle.dumps(entries) if entries else None
 
 
 def restore(data: bytes | None) -> list[str]:
