@@ -258,10 +258,9 @@ def run_training(
                 f"step {step}: reward {metrics.get('reward/mean', 0.0):.3f}, loss {metrics.get('loss', 0.0):.4f}, "
                 f"{metrics['time/step_s']:.1f} s" + (f" (role rewards: {per_role})" if per_role else "")
             )
+            # an episode's error (a tool that cannot be built, a backend error) must not pass silently
             failed = [e for e in got.episodes if e.status == "error"]
-            if (
-                failed
-            ):  # an episode's error (a tool that cannot be built, a backend error) must not pass silently
+            if failed:
                 log(
                     f"step {step}: {len(failed)} of {len(got.episodes)} episodes failed; the first: {failed[0].error}"
                 )
