@@ -8,6 +8,13 @@ status follows the runs table. Operators also get the RunLauncher and, while the
 viewer's launch or stop request however it is sent, see ``widgets.operator_api`` and
 ``RunLauncher.can_operate``). The dashboard only reads the run store.
 
+Many sessions cost about one: the runs list and each run's metrics, step and status are read once per
+change for all sessions of the process (``widgets.shared_poll``), a session sends its page only what
+changed, and a new session's page is cheap: the runs list, the selected run's header and monitor header
+come first; a run opened by the page's link (``/?run=``) sends its monitor's plots a moment later (after
+any burst of other new sessions got their pages),
+and the trajectory browser is built, and reads the store, when its tab is first opened.
+
 CSS classes a browser test can find: ``wb-dashboard``, ``wb-runs`` (the runs table), ``wb-run-view``
 (the selected run's tabs), ``wb-role`` (the signed-in role), ``wb-stop-run`` (operators only, active
 runs only), ``wb-run-status`` and ``wb-run-error`` (the selected run's status and error).
@@ -24,23 +31,26 @@ import panel as pn
 
 from widgets.reward_monitor import RewardMonitor
 from widgets.run_launcher import RunLauncher
-from widgets.run_status import is_active, run_error, status_html
+from widgets.run_status import is_active, status_html
+from widgets.shared_poll import RUN_COLUMNS, runs_version
+from widgets.shared_poll import runs_table as shared_runs_table
 
-RUN_COLUMNS = ["id", "name", "status", "topology", "last_step", "calls", "created_at"]
+__all__ = ["RUN_COLUMNS", "Dashboard", "runs_table"]
 
 
 def runs_table(runs_dir: Path) -> pd.DataFrame:
-    """The runs under ``runs_dir``, newest first, with the columns the dashboard shows."""
-    from workbench.store import list_runs
+    """The runs under ``runs_dir``, newest first, with the columns the dashboard shows (``RUN_COLUMNS``).
 
-    if not runs_dir.is_dir():
-        return pd.DataFrame(columns=RUN_COLUMNS)
-    frame = list_runs(runs_dir)
-    if frame.empty:
-        return pd.DataFrame(columns=RUN_COLUMNS)
-    frame = frame[RUN_COLUMNS].iloc[::-1].reset_index(drop=True)
-    frame["created_at"] = pd.to_datetime(frame["created_at"], unit="s").dt.strftime("%Y-%m-%d %H:%M:%S")
-    return frame
+    Shared by every session (``widgets.shared_poll``): a run's row is read again only when it changed."""
+    return shared_runs_table(runs_dir).copy()
+
+
+def _differs(new: pd.DataFrame, old: pd.DataFrame, column: str, row: int) -> bool:
+    """Whether a cell of the runs table changed (missing values equal each other)."""
+    a, b = new[column].iloc[row], old[column].iloc[row]
+    if pd.isna(a) or pd.isna(b):
+        return not (pd.isna(a) and pd.isna(b))
+    return bool(a != b)
 
 
 class Dashboard(pn.viewable.Viewer):
@@ -60,6 +70,7 @@ class Dashboard(pn.viewable.Viewer):
         self.operator = role == "operator"
         self.can_operate = can_operate or (lambda: self.operator)
         self.refresh_ms = refresh_ms
+        self._runs_version = runs_version(self.runs_dir)
         self.table = pn.widgets.Tabulator(
             runs_table(self.runs_dir),
             selectable=1,
@@ -79,49 +90,91 @@ class Dashboard(pn.viewable.Viewer):
         self._run_header = pn.Row(sizing_mode="stretch_width")
         self._views: list[Any] = []
         self._callback = None
+        self._shown = False
 
     # ------------------------------------------------------------------ behaviour
-    def refresh(self) -> None:
-        """Re-read the runs list, keeping the selected run selected."""
+    def refresh(self, min_interval: float = 0.0) -> None:
+        """Re-read the runs list, keeping the selected run selected (``min_interval``: reuse the shared
+        list if any session read it less than that many seconds ago). Nothing is sent if nothing changed."""
+        version = runs_version(self.runs_dir, min_interval)
+        if version == self._runs_version:
+            return
+        self._runs_version = version
         frame = runs_table(self.runs_dir)
-        if frame.equals(self.table.value):
+        current = self.table.value
+        if frame.equals(current):
             return
         selected = self.selected.name if self.selected else None
-        self.table.value = frame
+        if list(frame["id"]) == list(current["id"]) and list(frame.columns) == list(current.columns):
+            # the same runs: send only the cells that changed (a run's last step, calls, status)
+            changes = {
+                column: [
+                    (i, frame[column].iloc[i])
+                    for i in range(len(frame))
+                    if _differs(frame, current, column, i)
+                ]
+                for column in frame.columns
+            }
+            changed = {c: v for c, v in changes.items() if v}
+            if any(pd.isna(value) for cells in changed.values() for _, value in cells):
+                self.table.value = frame  # a cell emptied (a run became unreadable): send the table
+            else:
+                self.table.patch(changed)
+        else:
+            self.table.value = frame
         if selected in set(frame["id"]):
             self.table.selection = [int(frame.index[frame["id"] == selected][0])]
             if frame.loc[frame["id"] == selected, "status"].iloc[0] != self._status:
                 self._show_status()
 
     def open_run(self, run_id: str) -> None:
-        """Show run ``run_id``: its monitor, trajectories and config."""
-        from widgets.trajectory_browser import TrajectoryBrowser
+        """Show run ``run_id``: its monitor, trajectories and config.
 
+        Only the monitor (the tab shown first) is built now; the trajectory browser is built, and reads
+        the store, when its tab is first opened."""
         run_dir = self.runs_dir / run_id
         if self.selected == run_dir:
             return
         for view in self._views:
             getattr(view, "close", lambda: None)()
         self.selected = run_dir
-        monitor = RewardMonitor(run_dir, interval_ms=max(self.refresh_ms // 2, 100), show_error=False)
-        browser = TrajectoryBrowser(run_dir)
-        self._views = [monitor, browser]
+        # a run opened by the page's link (before the page is first shown) sends its plots after the
+        # page; a run opened by a click in a shown page, at once
+        monitor = RewardMonitor(
+            run_dir, interval_ms=max(self.refresh_ms // 2, 100), show_error=False, defer_plots=not self._shown
+        )
+        self._views = [monitor]
+        trajectories = pn.Column(pn.pane.Markdown("Loading…"), sizing_mode="stretch_width")
         tabs = pn.Tabs(
             ("Curves", monitor),
-            ("Trajectories", browser),
+            ("Trajectories", trajectories),
             ("Config", pn.pane.JSON(monitor.feed.reader.config, depth=2, sizing_mode="stretch_width")),
             dynamic=True,
             sizing_mode="stretch_width",
         )
+
+        def open_trajectories(event: Any) -> None:
+            if event.new == 1 and self.selected == run_dir and len(self._views) == 1:
+                self._views.append(browser := self._browser(run_dir))
+                trajectories.objects = [browser]
+
+        tabs.param.watch(open_trajectories, "active")
         self._show_status()
         self.run_view.objects = [self._run_header, tabs]
 
+    @staticmethod
+    def _browser(run_dir: Path) -> Any:
+        from widgets.trajectory_browser import TrajectoryBrowser
+
+        return TrajectoryBrowser(run_dir)
+
     def _show_status(self) -> None:
         """Redraw the selected run's header: its status, a failed run's error, Stop while it is active."""
-        reader = self._views[0].feed.reader
-        run_dir = reader.run_dir
-        self._status = reader.info()["status"]
-        error = run_error(reader) if self._status == "failed" else None
+        shared = self._views[0].feed.shared
+        shared.refresh()
+        run_dir = shared.run_dir if self.selected is None else self.selected
+        self._status = shared.status
+        error = shared.error if self._status == "failed" else None
         header: list[Any] = [
             pn.pane.Markdown(f"### {run_dir.name}"),
             pn.pane.HTML(status_html(self._status, error), sizing_mode="stretch_width"),
@@ -145,10 +198,15 @@ class Dashboard(pn.viewable.Viewer):
 
     def start(self) -> None:
         if self._callback is None:
-            self._callback = pn.state.add_periodic_callback(self.refresh, period=self.refresh_ms)
+            # a tick reuses the runs list another session read in the last half period
+            min_interval = self.refresh_ms / 2000
+            self._callback = pn.state.add_periodic_callback(
+                lambda: self.refresh(min_interval), period=self.refresh_ms
+            )
 
     # ------------------------------------------------------------------ view
     def __panel__(self) -> pn.viewable.Viewable:
+        self._shown = True
         self.start()
         who = pn.pane.HTML(
             f'<span data-role="{self.role}">{self.user} · {self.role}</span>', css_classes=["wb-role"]

@@ -187,6 +187,9 @@ def serve(
     elif ssl_keyfile is not None:
         raise AccessError("an SSL key file needs its certificate: pass --ssl-certfile too")
     apps = build_applications({"/": make_app(runs_dir, sessions)}, title="Workbench dashboard")
+    from widgets.reward_monitor import warm_up
+
+    warm_up()  # before the first session, not during it
     if sessions is not None:
         kwargs["auth_provider"] = LoginProvider(sessions)
         apps["/"].add(SessionUser(sessions))

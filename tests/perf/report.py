@@ -217,13 +217,23 @@ def render_dashboard_queries(r: dict) -> str:
 
 
 def render_dashboard_load(r: dict) -> str:
-    m = r["machine"]
+    m, first, lag = r["machine"], r["first_doc_s"], r["update_lag_s"]
+
+    def s(value: float | None) -> str:
+        return "—" if value is None else f"{value:.2f} s"
+
+    ratio = "—" if r["train_ratio"] is None else f"{r['train_ratio']:.2f}"
     return (
-        f"**Dashboard under load** ({r['mode']} mode, {m['cpus']} CPUs, {r['finished']}): a run's writer stored "
-        f"{r['calls_per_s_unwatched']:,.0f} calls/s unwatched and {r['calls_per_s_watched']:,.0f} calls/s while "
-        f"{r['viewers']} dashboard sessions polled it for {r['seconds_per_phase']:.0f} s, a ratio of "
-        f"{r['throughput_ratio']:.2f} (target >= 0.9); {r['sessions_connected']} sessions connected, "
-        f"{len(r['session_failures'])} failed, {r['server_tracebacks']} tracebacks in the server's log."
+        f"**Dashboard under load** ({r['mode']} mode, {m['cpus']} CPUs, {r['finished']}): {r['viewers']} "
+        f"viewers opened the dashboard on a tiny `workbench train` run while it trained "
+        f"({r['seconds_watched']:.0f} s watched). First document: p50 {s(first['p50'])}, p95 "
+        f"{s(first['p95'])}, max {s(first['max'])} ({first['within_target']} of {r['viewers']} within "
+        f"{r['target_s']:.0f} s). Update lag (a step committed to a viewer's page showing it): p50 "
+        f"{s(lag['p50'])}, p95 {s(lag['p95'])} over {lag['updates']} updates, {lag['missed']} never shown "
+        f"(target p95 <= {r['target_s']:.0f} s). The trainer ran {r['train_steps_per_s_unwatched']:.2f} "
+        f"steps/s unwatched and {r['train_steps_per_s_watched']:.2f} watched (ratio {ratio}); "
+        f"{r['sessions_connected']} sessions connected, {len(r['session_failures'])} failed, "
+        f"{r['server_tracebacks']} tracebacks in the server's log."
     )
 
 

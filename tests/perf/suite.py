@@ -142,13 +142,35 @@ def _dashboard_queries(r: dict) -> list[dict]:
 
 
 def _dashboard_load(r: dict) -> list[dict]:
-    return [
-        headline(
-            "writer watched / unwatched",
-            r["throughput_ratio"],
-            f"run writer calls/s with {r['viewers']} dashboard sessions polling / with none (target >= 0.9)",
+    target, n = r["target_s"], r["viewers"]
+    out = []
+    if r["first_doc_s"]["p95"]:
+        out.append(
+            headline(
+                "first document p95 / target",
+                r["first_doc_s"]["p95"] / target,
+                f"p95 seconds for {n} viewers opening the dashboard during a training run to get "
+                f"their document, over the {target:.0f} s target (<= 1 meets it)",
+            )
         )
-    ]
+    if r["update_lag_s"]["p95"]:
+        out.append(
+            headline(
+                "update lag p95 / target",
+                r["update_lag_s"]["p95"] / target,
+                f"p95 seconds from a step committed to {n} viewers' documents showing it, over the "
+                f"{target:.0f} s target (<= 1 meets it)",
+            )
+        )
+    if r["train_ratio"]:
+        out.append(
+            headline(
+                "trainer watched / unwatched",
+                r["train_ratio"],
+                f"tiny training run's steps/s with {n} dashboard viewers / with none",
+            )
+        )
+    return out
 
 
 def _backends(r: dict) -> list[dict]:
@@ -211,7 +233,7 @@ BENCHMARKS: dict[str, Benchmark] = {
         quick_timeout=300,
     ),
     "dashboard_load": Benchmark(
-        "bench_dashboard_load", "run writer watched against unwatched", _dashboard_load, quick_timeout=300
+        "bench_dashboard_load", "dashboard viewers during a training run", _dashboard_load, quick_timeout=300
     ),
     "backends": Benchmark("bench_backends", "vLLM against transformers", _backends, needs=("vllm",)),
 }
