@@ -63,41 +63,50 @@ def registered() -> dict[str, dict[str, Any]]:
 
 
 def snapshot() -> bytes | None:
-    """Everything :func:`registered` holds, cloudpickled; None when nothing is. An entry that cannot be pickled
-    (a closure over a lock or an open model, say) is left out with a warning naming it: a run whose spec uses
-    it then fails in its own process with that name unknown."""
+    """Everything :func:`registered` holds, cloudpickled entry by entry; None when nothing is. An entry that
+    cannot be pickled (a closure over a lock or an open model, say) is left out with a warning naming it: a
+    run whose spec uses it then fails in its own process with that name unknown."""
     import warnings
 
     import cloudpickle
 
-    entries: dict[str, dict[str, Any]] = {}
+    entries: dict[str, dict[str, bytes]] = {}
     for kind, found in registered().items():
         for key, entry in found.items():
             try:
-                cloudpickle.dumps(entry)
+                entries.setdefault(kind, {})[key] = cloudpickle.dumps(entry)
             except Exception as error:  # noqa: BLE001 - named in the warning
                 warnings.warn(
                     f"the {kind[:-1]} {key!r} registered here cannot be sent to a run's process ({error}); define it "
                     "in a module and list it in the config's plugins",
                     stacklevel=2,
                 )
-                continue
-            entries.setdefault(kind, {})[key] = entry
     return cloudpickle.dumps(entries) if entries else None
 
 
 def restore(data: bytes | None) -> list[str]:
-    """Register the entries of a :func:`snapshot` here; returns what was registered (``kind: name``)."""
+    """Register the entries of a :func:`snapshot` here; returns what was registered (``kind: name``).
+
+    An entry that cannot be loaded here (pickled by reference to a module this process cannot import) is left
+    out with a warning naming it: only a spec that uses it fails, with that name unknown."""
     if not data:
         return []
+    import warnings
+
     import cloudpickle
 
-    entries = cloudpickle.loads(data)
     targets = registries()
     added = []
-    for kind, found in entries.items():
-        targets[kind].update(found)
-        added += [f"{kind}: {key}" for key in found]
+    for kind, found in cloudpickle.loads(data).items():
+        for key, pickled in found.items():
+            try:
+                targets[kind][key] = cloudpickle.loads(pickled)
+            except Exception as error:  # noqa: BLE001 - named in the warning
+                warnings.warn(
+                    f"the {kind[:-1]} {key!r} of this run cannot be loaded here: {error}", stacklevel=2
+                )
+                continue
+            added.append(f"{kind}: {key}")
     return added
 
 
