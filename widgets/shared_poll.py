@@ -29,6 +29,7 @@ from typing import Any
 
 import pandas as pd
 
+from widgets.run_status import ACTIVE_STATUSES
 from workbench.store import RunReader
 from workbench.store.layout import DB_NAME
 
@@ -38,7 +39,6 @@ STATUS_MAX_AGE = 5.0
 RUN_WIDE = "run"
 METRIC_COLUMNS = ["id", "step", "role", "name", "value"]
 RUN_COLUMNS = ["id", "name", "status", "topology", "last_step", "calls", "created_at"]
-_ACTIVE = ("created", "running")
 
 
 class SharedRun:
@@ -71,7 +71,7 @@ class SharedRun:
                 return self.version
             self._checked_at = now
             marker = self.reader.sql("PRAGMA data_version").iloc[0, 0]
-            stale = self.status in _ACTIVE and now - self._status_at >= STATUS_MAX_AGE
+            stale = self.status in ACTIVE_STATUSES and now - self._status_at >= STATUS_MAX_AGE
             if marker == self._marker and not stale:
                 return self.version
             self._marker = marker
@@ -216,7 +216,7 @@ class _RunsList:
                 if (
                     old is not None
                     and old[0] == marker
-                    and not (old[2]["status"] in _ACTIVE and now - old[1] >= STATUS_MAX_AGE)
+                    and not (old[2]["status"] in ACTIVE_STATUSES and now - old[1] >= STATUS_MAX_AGE)
                 ):
                     rows[run_dir.name] = old
                     continue

@@ -143,34 +143,26 @@ def _dashboard_queries(r: dict) -> list[dict]:
 
 def _dashboard_load(r: dict) -> list[dict]:
     target, n = r["target_s"], r["viewers"]
-    out = []
-    if r["first_doc_s"]["p95"]:
-        out.append(
-            headline(
-                "first document p95 / target",
-                r["first_doc_s"]["p95"] / target,
-                f"p95 seconds for {n} viewers opening the dashboard during a training run to get "
-                f"their document, over the {target:.0f} s target (<= 1 meets it)",
-            )
-        )
-    if r["update_lag_s"]["p95"]:
-        out.append(
-            headline(
-                "update lag p95 / target",
-                r["update_lag_s"]["p95"] / target,
-                f"p95 seconds from a step committed to {n} viewers' documents showing it, over the "
-                f"{target:.0f} s target (<= 1 meets it)",
-            )
-        )
-    if r["train_ratio"]:
-        out.append(
-            headline(
-                "trainer watched / unwatched",
-                r["train_ratio"],
-                f"tiny training run's steps/s with {n} dashboard viewers / with none",
-            )
-        )
-    return out
+    figures = [  # (measure, value, meaning); a figure the run could not measure (0 or None) is left out
+        (
+            "first document p95 / target",
+            r["first_doc_s"]["p95"] and r["first_doc_s"]["p95"] / target,
+            f"p95 seconds for {n} viewers opening the dashboard during a training run to get "
+            f"their document, over the {target:.0f} s target (<= 1 meets it)",
+        ),
+        (
+            "update lag p95 / target",
+            r["update_lag_s"]["p95"] and r["update_lag_s"]["p95"] / target,
+            f"p95 seconds from a step committed to {n} viewers' documents showing it, over the "
+            f"{target:.0f} s target (<= 1 meets it)",
+        ),
+        (
+            "trainer watched / unwatched",
+            r["train_ratio"],
+            f"tiny training run's steps/s with {n} dashboard viewers / with none",
+        ),
+    ]
+    return [headline(measure, value, meaning) for measure, value, meaning in figures if value]
 
 
 def _backends(r: dict) -> list[dict]:
