@@ -2,7 +2,8 @@
 
     from widgets import TopologyEditor, RunLauncher, TrajectoryBrowser, RewardMonitor, Dashboard
 
-Each is a ``pn.viewable.Viewer``: display it in a notebook cell (after ``pn.extension()``) or serve it;
+Each is a ``pn.viewable.Viewer``: display it in a notebook cell (after ``widgets.extension()``, which loads
+Panel's JavaScript from the Jupyter server: see widgets.notebook) or serve it;
 ``workbench serve RUNS_DIR`` serves the Dashboard with sign-in (see widgets.serve). Imports are lazy, so
 ``import widgets`` does not load Panel.
 """
@@ -18,6 +19,7 @@ _LAZY = {
     "TrajectoryBrowser": "widgets.trajectory_browser",
     "RewardMonitor": "widgets.reward_monitor",
     "Dashboard": "widgets.dashboard",
+    "extension": "widgets.notebook",
 }
 
 __all__ = sorted(_LAZY)

@@ -22,7 +22,7 @@ from tests.browser.conftest import free_port, screenshot, wait_until_up
 from workbench.store import RunStore
 
 CELLS = [
-    "import panel as pn\nimport ipywidgets as w\npn.extension(inline=True)\n"
+    "import panel as pn\nimport ipywidgets as w\nimport widgets\nwidgets.extension()\n"
     "from widgets.reward_monitor import RewardMonitor\nfrom widgets.run_launcher import RunLauncher",
     "monitor = RewardMonitor(RUN_DIR, interval_ms=500)\nmonitor",
     "w.IntSlider(value=3, min=0, max=10, description='group size')",
@@ -86,6 +86,8 @@ def test_widgets_render_and_respond_in_jupyterlab(lab, page):
     url, store = lab
     failed_loads = []
     page.on("requestfailed", lambda request: failed_loads.append(request.url))
+    loaded_scripts = []  # answered with 200 by the Jupyter server
+    page.on("response", lambda response: response.ok and loaded_scripts.append(response.url))
     page.goto(url, wait_until="domcontentloaded")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
     page.wait_for_function(
@@ -118,5 +120,7 @@ def test_widgets_render_and_respond_in_jupyterlab(lab, page):
     _step(store, 1)
     page.wait_for_selector('.wb-step[data-step="1"]', timeout=30_000)
     screenshot(page, "jupyterlab-widgets")
-    # with pn.extension(inline=True) no script comes from a CDN (Panel still links a few stylesheets there)
+    # widgets.extension() loads every script from the Jupyter server, none from a CDN (Panel still links a
+    # few stylesheets there); the notebook's loader names the server's copies
     assert not [u for u in failed_loads if u.split("?")[0].endswith(".js")], failed_loads
+    assert any("/panel-preview/static/js/bokeh" in u for u in loaded_scripts), loaded_scripts
