@@ -22,12 +22,11 @@ from workbench.cluster import RolloutPool, TrainerGroup, TrainerLostError, Worke
 from workbench.cluster.pool import shards
 from workbench.models import load as load_model
 from workbench.rl.config import TrainConfig
-from workbench.rl.loop import run_training
 from workbench.rl.policies import PolicySet, per_role_policies
 from workbench.rl.samples import Sample
 from workbench.rl.trainer import PolicyTrainer
 from workbench.topology import to_dict
-from workbench.training import create
+from workbench.training import create, run_training
 
 
 @pytest.fixture(scope="module")

@@ -312,7 +312,8 @@ def test_a_judged_rule_without_a_judge_backend_is_refused(tokenizer):
 
 
 def test_judge_names_are_validated():
-    from workbench.topology import TopologyError, from_dict
+    from workbench.engine.spec_checks import from_dict
+    from workbench.topology import TopologyError
 
     spec = {**JUDGED_SPEC, "roles": {**JUDGED_SPEC["roles"]}}
     spec["roles"]["answerer"] = {**spec["roles"]["answerer"], "reward": {"kind": "answer", "judge": "gpt"}}

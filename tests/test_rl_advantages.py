@@ -1,5 +1,6 @@
 """Group keys, GRPO advantages, zero-variance groups, MATPO's broadcast and MARS's balancing."""
 
+import pickle
 import random
 
 import numpy as np
@@ -9,9 +10,10 @@ import workbench as wb
 from workbench.engine.records import CallRecord, EpisodeRecord
 from workbench.rl.advantages import balance, compute_advantages
 from workbench.rl.samples import from_episodes
+from workbench.store import TokenOwner
 
 
-def _call(role, position, reward, source=None, parent=None):
+def _call(role, position, reward, source=None, parent=None, trainable=True, mask=None):
     return CallRecord(
         role=role,
         node=role,
@@ -24,10 +26,11 @@ def _call(role, position, reward, source=None, parent=None):
         finish_reason="stop",
         policy="base",
         policy_version=0,
-        trainable=True,
+        trainable=trainable,
+        mask=mask,
         source=source,
         parent=parent,
-        rewards={"reward": reward},
+        rewards={} if reward is None else {"reward": reward},
     )
 
 
@@ -184,3 +187,19 @@ def test_verdict_balancing_is_refused_for_a_role_without_verdicts():
         wb.topology.TopologyError, match=r"roles\.solver\.reward\.balance.*needs kind verdict"
     ):
         wb.topology.from_dict(spec)
+
+
+def test_a_sample_trains_its_roles_own_tokens_and_keeps_its_call():
+    tool = [TokenOwner.TRAINABLE, TokenOwner.TOOL, TokenOwner.OTHER_ROLE]
+    calls = [
+        _call("solver", 0, 1.0),
+        _call("solver", 1, 1.0, mask=tool),
+        _call("solver", 2, 1.0, trainable=False, mask=tool),
+        _call("solver", 3, None),
+    ]
+    samples = from_episodes([EpisodeRecord("q", "q", 0, calls=calls)])
+    assert [s.mask for s in samples] == [[1, 1, 1], [1, 0, 0], [0, 0, 0]], "the unrewarded call is left out"
+    assert all(s.call is c for s, c in zip(samples, calls[:3], strict=True))
+    shipped = pickle.loads(pickle.dumps(samples[1]))
+    assert shipped.call is None and shipped.mask == [1, 0, 0] and shipped.completion_ids == [3, 4, 5]
+    assert samples[1].call is calls[1], "pickling leaves the sample itself untouched"

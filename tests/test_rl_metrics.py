@@ -1,4 +1,5 @@
-"""Per-role rollout metrics: the Verifier's confusion counts against the truth of what it judged."""
+"""Step metrics: the Verifier's confusion counts against the truth of what it judged, and the step's
+``time/*`` metrics from its phase timer."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 from tests.test_rl_advantages import _call
 from workbench.engine.records import CallRecord, EpisodeRecord
 from workbench.rl.metrics import rollout_metrics
+from workbench.rl.phases import StepTimer
 
 
 def verifier_call(verdict: str | None, judged_correct: bool) -> CallRecord:
@@ -33,3 +35,22 @@ def test_a_verifier_that_writes_no_verdict_is_counted_apart_not_as_saying_wrong(
     assert got == {"tp": 1.0, "fp": 1.0, "tn": 1.0, "fn": 1.0, "no_verdict": 2.0}
     assert roles["verifier1"]["verifier/verdict_accuracy"] == pytest.approx(2 / 6)
     assert roles["verifier1"]["verifier/verdict_accuracy"] == pytest.approx(roles["verifier1"]["reward/mean"])
+
+
+def test_the_step_timer_gives_each_phase_its_time_metric_and_the_step_its_wall_time():
+    timer = StepTimer()
+    for phase in ("rollout", "score", "advantages", "update", "sync", "record"):
+        with timer.phase(phase):
+            pass
+    metrics = timer.metrics()
+    assert set(metrics) == {
+        "time/rollout_s",
+        "time/score_s",
+        "time/advantages_s",
+        "time/train_s",
+        "time/weight_sync_s",
+        "time/step_s",
+    }, "record (and checkpoint) end after the step's metrics are stored: no metric"
+    assert metrics["time/step_s"] >= sum(v for k, v in metrics.items() if k != "time/step_s")
+    with pytest.raises(ValueError, match="a step's phase is one of"), timer.phase("generate"):
+        pass

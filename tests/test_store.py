@@ -500,3 +500,42 @@ def test_text_after_a_nul_stays_searchable(store):
     found = reader.sql("SELECT count(*) AS n FROM calls WHERE completion_text LIKE '%bug report%'")
     assert found["n"].tolist() == [1]
     assert reader.calls()["prompt_text"].tolist() == ["a\ufffdb"]
+
+
+def test_an_engine_call_record_is_stored_as_its_row(store):
+    from workbench.store.records import CallRecord
+
+    def record(position, trainable, mask=None, **extra):
+        return CallRecord(
+            role="solver" if trainable else "judge",
+            node="n",
+            position=position,
+            prompt_ids=[1, 2],
+            completion_ids=[3, 4, 5],
+            logprobs=[-0.5] * 3,
+            prompt_text="p",
+            completion_text="c",
+            finish_reason="length",
+            policy="base",
+            policy_version=2,
+            trainable=trainable,
+            mask=mask,
+            **extra,
+        )
+
+    owned = [TokenOwner.TRAINABLE, TokenOwner.TOOL, TokenOwner.TRAINABLE]
+    with store.step(0, policy_version=5) as step:
+        episode = step.add_episode(task_id="t")
+        first = step.add_record(episode, record(0, True, rewards={"reward": 1.0}, timings={"queued": 1.0}))
+        second = step.add_record(
+            episode, record(1, False, owned, parsed={"verdict": "correct"}), parent_id=first, source_id=first
+        )
+    calls = store.reader().calls(arrays="list").set_index("id")
+    a, b = calls.loc[first], calls.loc[second]
+    # the owner rule: all the role's own when the engine gave no mask; a role that is not trained keeps
+    # its tool tokens marked and its own masked
+    assert a["mask"] == [1, 1, 1] and b["mask"] == [0, 2, 0]
+    assert a["timings"] == {"queued": 1.0, "finish_reason": "length"} and a["rewards"] == {"reward": 1.0}
+    assert b["action"] == {"verdict": "correct"} and b["rewards"] is None and b["tool_calls"] is None
+    assert (b["parent_id"], b["source_id"], b["position"], b["policy_version"]) == (first, first, 1, 2)
+    assert (a["role"], a["policy"], a["completion_ids"]) == ("solver", "base", [3, 4, 5])

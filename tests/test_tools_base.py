@@ -174,6 +174,6 @@ def test_register_tool_kind_adds_a_kind_and_refuses_silent_replacement():
 
 
 def test_topology_validation_knows_the_tool_kinds():
-    from workbench.topology.validate import _tool_kinds
+    from workbench.engine.spec_checks import _tool_kinds
 
     assert set(_tool_kinds()) == set(TOOL_KINDS)

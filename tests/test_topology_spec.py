@@ -1,4 +1,8 @@
-"""The topology spec: round trips, JSON Schema, and validation errors that name the path."""
+"""The topology spec: round trips, JSON Schema, and validation errors that name the path.
+
+A spec loaded for running gets the spec's own checks and the registries' (parsers, protocols, templates,
+verifiers, tool kinds): ``workbench.engine.spec_checks``, which the error tests load through.
+"""
 
 import copy
 
@@ -6,6 +10,7 @@ import jsonschema
 import pytest
 
 import workbench.topology as topo
+from workbench.engine import spec_checks
 
 
 def test_builtin_marsrl_loads_and_round_trips_through_yaml_and_json():
@@ -186,7 +191,7 @@ def test_invalid_specs_of_every_node_kind_name_path_and_fix(name, mutate, path, 
     data = _spec(name)
     mutate(data)
     with pytest.raises(topo.TopologyError) as info:
-        topo.from_dict(data)
+        spec_checks.from_dict(data)
     matching = [p for p in info.value.problems if p.path == path]
     assert matching, str(info.value)
     assert any(message in p.message for p in matching), str(info.value)
@@ -220,7 +225,7 @@ def test_each_error_names_its_path(mutate, path):
     data = _marsrl()
     mutate(data)
     with pytest.raises(topo.TopologyError) as info:
-        topo.from_dict(data)
+        spec_checks.from_dict(data)
     assert any(p.path == path for p in info.value.problems), str(info.value)
     assert path in str(info.value)
 
@@ -294,7 +299,8 @@ def test_a_missing_required_field_still_reports_alone():
 
 
 def test_a_tag_protocol_must_call_a_tool_its_node_lists():
-    from workbench.topology import TopologyError, from_dict, load, to_dict
+    from workbench.engine.spec_checks import from_dict
+    from workbench.topology import TopologyError, load, to_dict
 
     data = to_dict(load("mars_cpu"))
     data["flow"]["nodes"]["research"]["protocol_options"]["tool"] = "serch"
@@ -302,3 +308,21 @@ def test_a_tag_protocol_must_call_a_tool_its_node_lists():
         TopologyError, match=r"protocol_options.tool: unknown tool 'serch' \(did you mean 'search'\?\)"
     ):
         from_dict(data)
+
+
+def test_the_spec_alone_knows_no_registry_and_the_full_check_reports_both_at_once():
+    """``workbench.topology`` checks what the spec shows; the registries' names are checked by the engine,
+    in the same report as the type errors and the spec's own problems."""
+    from workbench.topology import TopologyError, from_dict, load, to_dict
+
+    data = to_dict(load("marsrl_cpu"))
+    data["roles"]["solver"]["parser"] = "boxd"  # a registry name
+    assert from_dict(data).roles["solver"].parser == "boxd"
+    data["roles"]["solver"]["sampling"]["temperature"] = "hot"  # a type error
+    data["flow"]["start"] = "solv"  # the spec's own problem
+    with pytest.raises(TopologyError) as caught:
+        spec_checks.from_dict(data)
+    found = {p.path: p.message for p in caught.value.problems}
+    assert set(found) == {"roles.solver.sampling.temperature", "flow.start", "roles.solver.parser"}
+    assert "unknown parser 'boxd' (did you mean 'boxed'?)" in found["roles.solver.parser"]
+    assert spec_checks.validate(load("marsrl_cpu")) == load("marsrl_cpu")

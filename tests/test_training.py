@@ -92,6 +92,10 @@ def test_a_marsrl_run_stores_every_step_with_advantages_metrics_and_checkpoints(
     wide = reader.metrics_wide()
     for name in ("reward/mean", "loss", "groups/zero_std_fraction", "time/rollout_s", "time/weight_sync_s"):
         assert name in wide.columns, name
+    # every phase of a step is timed (record and checkpoint end after the step's row is written)
+    for name in ("time/score_s", "time/advantages_s", "time/train_s", "time/step_s"):
+        assert (wide[name].iloc[:2] >= 0).all(), name
+    assert wide["time/evaluation_s"].iloc[:2].notna().tolist() == [True, False], "evaluated at step 0 only"
     for column in ("solver/grad_share", "verifier1/verifier/verdict_accuracy", "solver/length/max"):
         assert column in wide.columns, column
     assert [p.name for p in sorted((run_dir / "checkpoints").glob("step-*"))] == [
@@ -266,9 +270,9 @@ def test_the_cli_lists_every_config_field_and_rejects_a_bad_override(capsys):
 
     assert main(["train", "--help-config"]) == 0
     listed = capsys.readouterr().out
-    import dataclasses
+    from workbench.rl.config import FIELDS
 
-    assert all(f"{f.name} = " in listed for f in dataclasses.fields(TrainConfig))
+    assert all(f"{name} = " in listed for name in FIELDS)
     assert main(["train", "--set", "group_size=0"]) == 2
     assert "group_size must be a positive integer" in capsys.readouterr().err
 

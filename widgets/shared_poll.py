@@ -32,6 +32,7 @@ import pandas as pd
 from widgets.run_status import ACTIVE_STATUSES
 from workbench.store import RunReader
 from workbench.store.layout import DB_NAME
+from workbench.store.queries import complete_totals, data_version, metrics_since
 
 #: Seconds after which an active run's status is read again though nothing was committed.
 STATUS_MAX_AGE = 5.0
@@ -70,18 +71,14 @@ class SharedRun:
             if now - self._checked_at < min_interval:
                 return self.version
             self._checked_at = now
-            marker = self.reader.sql("PRAGMA data_version").iloc[0, 0]
+            marker = data_version(self.reader)
             stale = self.status in ACTIVE_STATUSES and now - self._status_at >= STATUS_MAX_AGE
             if marker == self._marker and not stale:
                 return self.version
             self._marker = marker
             self.queries += 1
             changed = False
-            new = self.reader.sql(
-                "SELECT m.id, m.step, m.role, m.name, m.value FROM metrics m "
-                "JOIN steps s ON s.step = m.step WHERE m.id > ? AND s.status = 'complete' ORDER BY m.id",
-                (self.last_id,),
-            )
+            new = metrics_since(self.reader, self.last_id)
             if not new.empty:
                 self.last_id = int(new["id"].max())
                 new["role"] = new["role"].fillna(RUN_WIDE)
@@ -169,18 +166,14 @@ def _run_row(run_dir: Path) -> dict[str, Any]:
     try:
         with RunReader(run_dir) as reader:
             info = reader.info()
-            counts = reader.sql(
-                "SELECT max(step) AS last_step, (SELECT count(*) FROM calls WHERE step IN "
-                "(SELECT step FROM steps WHERE status = 'complete')) AS calls "
-                "FROM steps WHERE status = 'complete'"
-            ).iloc[0]
+            last_step, calls = complete_totals(reader)
         return {
             "id": info["id"],
             "name": info["name"],
             "status": info["status"],
             "topology": info["topology"],
-            "last_step": counts["last_step"],
-            "calls": counts["calls"],
+            "last_step": last_step,
+            "calls": calls,
             "created_at": info["created_at"],
         }
     except StoreError:

@@ -20,7 +20,7 @@ import html
 import math
 from collections.abc import Sequence
 
-from widgets.run_queries import CallTokens
+from widgets.token_text import CallTokens
 from workbench.store import TokenOwner
 
 COLOURINGS = ("owner", "logprob", "advantage")

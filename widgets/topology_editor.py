@@ -31,7 +31,8 @@ import yaml
 from panel_reactflow import ReactFlow
 
 from widgets import topology_canvas as canvas
-from workbench.topology import Topology, from_dict, json_schema, load, to_dict, to_yaml
+from workbench.engine.spec_checks import from_dict
+from workbench.topology import Topology, json_schema, load, to_dict, to_yaml
 from workbench.topology.io import library
 from workbench.topology.validate import TopologyError
 

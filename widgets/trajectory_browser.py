@@ -8,7 +8,7 @@ role, episode reward range, format failures and text in prompts or completions) 
 chosen episode: nested cards by parent call, each with role, policy and version, rewards, advantage,
 format error, parsed output, tool calls with their results, and its tokens coloured by owner, logprob
 or advantage (``widgets.token_view``). Only the current page and the open episode are read from the
-store (``widgets.run_queries``); a card's tokens are read when it is first expanded (the first
+store (``workbench.store.queries``); a card's tokens are read when it is first expanded (the first
 top-level call opens expanded, the others collapsed). ``refresh()`` re-reads the steps and the page
 (a run being written shows its new steps); ``live=True`` refreshes every ``interval_ms`` while shown.
 
@@ -40,10 +40,11 @@ import panel as pn
 import param
 from bokeh.models.widgets.tables import HTMLTemplateFormatter
 
-from widgets import run_queries as q
 from widgets.live import PeriodicRefresh
+from widgets.token_text import CallTokens, call_tokens, run_model
 from widgets.token_view import COLOURINGS, tokens_html
 from workbench.store import RunReader
+from workbench.store import queries as q
 
 _esc = html.escape
 #: Height of the episode table in pixels (it scrolls beyond), and of one of its rows.
@@ -69,7 +70,7 @@ class _OpenCall:
     node: q.CallNode
     card: pn.Card
     tokens: pn.pane.HTML
-    detail: q.CallTokens | None = None
+    detail: CallTokens | None = None
 
 
 def _json(value: Any) -> str:
@@ -185,8 +186,8 @@ class TrajectoryBrowser(PeriodicRefresh, pn.viewable.Viewer):
     def __init__(self, run_dir: str | Path, page_size: int = q.PAGE_SIZE, **params: Any) -> None:
         self.reader = RunReader(run_dir)
         self.page_size = int(page_size)
-        self.steps = q.steps(self.reader)
-        self.roles = q.roles(self.reader)
+        self.steps = q.step_list(self.reader)
+        self.roles = q.role_list(self.reader)
         self.current = q.EpisodePage(pd.DataFrame(), 0, 0, self.page_size)
         self.calls: dict[int, _OpenCall] = {}
         self._callback: Any = None
@@ -203,7 +204,7 @@ class TrajectoryBrowser(PeriodicRefresh, pn.viewable.Viewer):
     # ------------------------------------------------------------------ widgets
     def _build_widgets(self) -> None:
         info = self.reader.info()
-        model = q.run_model(self.reader) or "—"
+        model = run_model(self.reader) or "—"
         self._header = pn.pane.HTML(
             f'<div data-run="{_esc(info["id"])}"><b>{_esc(info["name"] or info["id"])}</b> · '
             f"{_esc(info['id'])} · model {_esc(model)} · {_esc(info['status'])}</div>",
@@ -373,7 +374,7 @@ class TrajectoryBrowser(PeriodicRefresh, pn.viewable.Viewer):
         """Re-read the steps, the roles and the current page (new steps of a run being written appear).
 
         Until a step is chosen, the browser follows the newest step."""
-        steps = q.steps(self.reader)
+        steps = q.step_list(self.reader)
         if not steps.equals(self.steps):
             self.steps = steps
             self._syncing = True
@@ -386,7 +387,7 @@ class TrajectoryBrowser(PeriodicRefresh, pn.viewable.Viewer):
                 self.step = newest  # reloads the page
                 return
             self._sync_step_select()
-        roles = q.roles(self.reader)
+        roles = q.role_list(self.reader)
         if roles != self.roles:
             self.roles = roles
             self._role_select.options = self._role_options()
@@ -449,7 +450,7 @@ class TrajectoryBrowser(PeriodicRefresh, pn.viewable.Viewer):
         """Fill a call card's token pane (read from the store the first time)."""
         opened = self.calls[call_id]
         if opened.detail is None:
-            opened.detail = q.call_tokens(self.reader, call_id)
+            opened.detail = call_tokens(self.reader, call_id)
         elif opened.tokens.object and not force:
             return
         opened.tokens.object = tokens_html(opened.detail, self.colour_by)

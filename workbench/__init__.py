@@ -16,13 +16,18 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "load_topology": ("workbench.topology", "load"),
+    # loading with every check, the registries' included (workbench.topology alone checks the spec itself)
+    "load_topology": ("workbench.engine.spec_checks", "load"),
+    "topology_from_yaml": ("workbench.engine.spec_checks", "from_yaml"),
+    "topology_from_dict": ("workbench.engine.spec_checks", "from_dict"),
+    "validate_topology": ("workbench.engine.spec_checks", "validate"),
     "Topology": ("workbench.topology", "Topology"),
     "generate_tasks": ("workbench.tasks", "generate"),
     "load_tasks": ("workbench.tasks", "load_tasks"),
     "Task": ("workbench.tasks", "Task"),
     "resolve_model": ("workbench.models", "resolve"),
     "rollout": ("workbench.runs", "rollout"),
+    "replay": ("workbench.analysis.replay", "replay"),
     "train": ("workbench.training", "train"),
     "resume": ("workbench.training", "resume"),
     "TrainConfig": ("workbench.rl.config", "TrainConfig"),

@@ -39,8 +39,10 @@ def _topology(args: argparse.Namespace) -> int:
         print(f"wrote {save(topology.load(args.source), out)}")
     elif args.action == "show":
         print(topology.to_yaml(topology.load(args.source)), end="")
-    else:  # validate
-        spec = topology.load(args.source)
+    else:  # validate: the spec's own checks and the registries' (parsers, verifiers, tool kinds, ...)
+        from workbench.engine.spec_checks import load
+
+        spec = load(args.source)
         print(f"ok: '{spec.name}' has {len(spec.roles)} roles and {len(spec.flow.nodes)} flow nodes")
     return 0
 
@@ -112,7 +114,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from workbench.rl.config import TrainConfig, load_yaml
+    from workbench.rl.config import SECTIONS, TrainConfig, load_yaml
     from workbench.training import CONFIG_FILE, create, run_config, run_here
 
     if args.help_config:
@@ -123,7 +125,11 @@ def _train(args: argparse.Namespace) -> int:
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"--set {item!r}: write FIELD=VALUE")
-        overrides[key.strip()] = load_yaml(value)  # as in a config file: 1e-5 is a number
+        key, value = key.strip(), load_yaml(value)  # as in a config file: 1e-5 is a number
+        if isinstance(value, dict) and key in SECTIONS:  # a section's fields, each over the config's own
+            overrides.update({f"{key}.{name}": v for name, v in value.items()})
+        else:
+            overrides[key] = value
     if args.resume:
         run_dir = Path(args.resume)
         if overrides:
@@ -228,10 +234,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a topology (GRPO) from a config file, or resume a run")
     p.add_argument("config", nargs="?", help="training config YAML (see `workbench train --help-config`)")
     p.add_argument(
-        "--set", action="append", default=[], metavar="FIELD=VALUE", help="override a config field"
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a config field: its flat name (learning_rate) or section.name (optimizer.learning_rate)",
     )
     p.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its newest checkpoint")
-    p.add_argument("--help-config", action="store_true", help="list every config field with its help")
+    p.add_argument(
+        "--help-config", action="store_true", help="list every config field by section, with its help"
+    )
     p.set_defaults(func=_train)
 
     p = sub.add_parser("export", help="write a run's trained model as a transformers checkpoint directory")

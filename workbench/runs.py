@@ -15,10 +15,14 @@ from tqdm.auto import tqdm
 
 from workbench.backends import Backend, make_backend
 from workbench.engine import EpisodeRecord, Rollout, plugins
-from workbench.engine.runner import describe_error, run_sync
+from workbench.engine.runner import run_sync
+from workbench.engine.spec_checks import load, validate
 from workbench.rl.metrics import rollout_metrics
+from workbench.rl.run_end import record_end
+from workbench.store.episodes import write_step
 from workbench.tasks import Task
-from workbench.topology import Topology, load, to_dict
+from workbench.topology import Topology, to_dict
+from workbench.topology.spec import with_sampling
 
 
 @dataclass
@@ -88,6 +92,7 @@ def rollout(
     background: bool = False,
     device: str = "auto",
     dtype: str = "auto",
+    per_call_seeds: bool = False,
 ) -> RolloutResult | Any:
     """Run ``topology`` on every task (``group_size`` episodes each) and store the calls as step 0 of a new run.
 
@@ -104,14 +109,18 @@ def rollout(
     ``device``/``dtype`` place a backend given by name (``auto``: a GPU in bf16 where one exists, else the
     CPU in fp32; ``cpu``, ``cuda``, ``cuda:N``; ``float32``, ``bfloat16``): the hf backend loads its model
     there, vLLM takes ``dtype``.
+
+    ``per_call_seeds=True`` seeds every generation request from ``seed``, the task, the sample and the call's
+    place in the episode, so an episode's draws do not depend on the others decoded beside it: a replay
+    (``wb.replay``) with the same seed and settings then reproduces it exactly. Off by default (requests
+    unseeded, as before). The tasks are kept in the run directory (``tasks.jsonl``) for replays.
     """
     from workbench.models.placement import device_problem, dtype_problem
     from workbench.store import RunStore
     from workbench.tasks import save_jsonl
     from workbench.training import TASKS_FILE, launch, storage_errors
 
-    if isinstance(topology, str):
-        topology = load(topology)
+    topology = load(topology) if isinstance(topology, str) else validate(topology)  # every check
     if sampling:
         topology = with_sampling(topology, **sampling)
     if not tasks:
@@ -133,20 +142,28 @@ def rollout(
         "judge": judge if isinstance(judge, str) or judge is None else type(judge).__name__,
         "device": device,
         "dtype": dtype,
+        "per_call_seeds": per_call_seeds,
     }
     store = RunStore.create(
         runs_dir, config=config, run_id=run_id, name=f"{topology.name} rollout", topology=topology.name
     )
+    try:
+        with storage_errors(store.run_dir / TASKS_FILE):
+            save_jsonl(tasks, store.run_dir / TASKS_FILE)  # for a background process and for replays
+    except BaseException:
+        store.close()
+        raise
     if background:
         try:
-            with storage_errors(store.run_dir / TASKS_FILE):
-                save_jsonl(tasks, store.run_dir / TASKS_FILE)
             with storage_errors(store.run_dir / plugins.PLUGINS_FILE):
                 plugins.save(store.run_dir)  # the notebook's own tool kinds and verifiers, for the process
         finally:
             store.close()
         return launch(store.run_dir, rollout_here)
-    return _roll_out(store, topology, tasks, backend, model, group_size, max_tokens, judge, device, dtype)
+    seed_calls = seed if per_call_seeds else None
+    return _roll_out(
+        store, topology, tasks, backend, model, group_size, max_tokens, judge, device, dtype, seed=seed_calls
+    )
 
 
 def rollout_here(run_dir: str | Path) -> RolloutResult:
@@ -154,9 +171,9 @@ def rollout_here(run_dir: str | Path) -> RolloutResult:
 
     A ``STOP`` file in the run directory (what ``BackgroundRun.stop`` writes) or a SIGTERM cancels it.
     """
+    from workbench.engine.spec_checks import from_dict
     from workbench.store import RunStore
     from workbench.tasks import load_tasks
-    from workbench.topology import from_dict
     from workbench.training import STOP_FILE, TASKS_FILE, stop_requests
 
     run_dir = Path(run_dir)
@@ -176,6 +193,7 @@ def rollout_here(run_dir: str | Path) -> RolloutResult:
         c.get("device", "auto"),
         c.get("dtype", "auto"),
         should_stop=stop_requests(run_dir / STOP_FILE),
+        seed=c.get("seed") if c.get("per_call_seeds") else None,
     )
 
 
@@ -191,6 +209,7 @@ def _roll_out(
     device: str = "auto",
     dtype: str = "auto",
     should_stop: Any = None,
+    seed: int | None = None,
 ) -> RolloutResult:
     placed = {"hf": {"device": device, "dtype": dtype}, "vllm": {"dtype": None if dtype == "auto" else dtype}}
     options = placed.get(backend, {}) if isinstance(backend, str) else {}
@@ -199,7 +218,7 @@ def _roll_out(
         store.set_status("running")
         started = time.perf_counter()
         judge_backend = make_backend("hf", judge) if isinstance(judge, str) else judge
-        engine = Rollout(topology, engine_backend, max_tokens=max_tokens, judge=judge_backend)
+        engine = Rollout(topology, engine_backend, max_tokens=max_tokens, judge=judge_backend, seed=seed)
         if should_stop is not None:
             _cancel_when(should_stop, engine)
         with tqdm(total=len(tasks) * group_size, desc=f"{topology.name} rollout", unit="episode") as bar:
@@ -224,21 +243,6 @@ def _roll_out(
     return RolloutResult(store.run_dir, episodes, rewards, seconds, metrics)
 
 
-def record_end(store: Any, error: BaseException, status: str) -> None:
-    """Store why a run ended early (an ``error`` event unless stopped) and its status, as far as the store
-    can still be written: a full or read-only disk must not replace ``error`` with its own."""
-    import traceback
-
-    from workbench.store import StoreError
-
-    try:
-        if status == "failed":
-            store.log_event("error", {"error": describe_error(error), "traceback": traceback.format_exc()})
-        store.set_status(status)
-    except StoreError as unrecorded:
-        error.add_note(f"the run store could not record this either: {unrecorded}")
-
-
 def _cancel_when(should_stop: Any, engine: Rollout, interval: float = 0.5) -> None:
     """Cancel ``engine`` from a watcher thread as soon as ``should_stop()`` is true."""
     import threading
@@ -251,74 +255,3 @@ def _cancel_when(should_stop: Any, engine: Rollout, interval: float = 0.5) -> No
             time.sleep(interval)
 
     threading.Thread(target=watch, daemon=True, name="rollout-stop-watcher").start()
-
-
-def with_sampling(topology: Topology, **overrides: Any) -> Topology:
-    """A copy of ``topology`` whose roles all sample with ``overrides`` (temperature, top_p, max_tokens)."""
-    roles = {
-        name: role.model_copy(update={"sampling": role.sampling.model_copy(update=overrides)})
-        for name, role in topology.roles.items()
-    }
-    return topology.model_copy(update={"roles": roles})
-
-
-def write_step(
-    store: Any,
-    index: int,
-    episodes: list[EpisodeRecord],
-    tasks: dict[str, Task],
-    metrics: dict[str, float],
-    role_metrics: dict[str, dict[str, float]],
-    *,
-    policy_version: int = 0,
-    held_out: dict | None = None,
-) -> None:
-    """Store one step: its episodes, their calls (rewards, the advantage each was trained with, source
-    links), the step's metrics, global and per role, and the held-out scores per task if any."""
-    from workbench.store import TokenOwner
-
-    with store.step(index, policy_version=policy_version) as step:
-        for episode in episodes:
-            task = tasks[episode.task_id]
-            episode_id = step.add_episode(
-                task_id=episode.task_id,
-                group_key=episode.group,
-                task_meta={**task.metadata, "answer": task.answer, "sample": episode.sample},
-                reward=episode.reward or 0.0,
-                status=episode.status,
-                error=episode.error,
-            )
-            call_ids: dict[int, int] = {}  # position in the episode -> stored call id
-            for call in sorted(episode.calls, key=lambda c: c.position):
-                own = (
-                    [int(TokenOwner.TRAINABLE)] * len(call.completion_ids) if call.mask is None else call.mask
-                )
-                if not call.trainable:
-                    own = [int(TokenOwner.MASKED) if o == TokenOwner.TRAINABLE else o for o in own]
-                call_ids[call.position] = step.add_call(
-                    episode_id,
-                    role=call.role,
-                    parent_id=call_ids[call.parent] if call.parent is not None else None,
-                    source_id=call_ids.get(call.source) if call.source is not None else None,
-                    rewards=call.rewards or None,
-                    advantage=call.advantage,
-                    position=call.position,
-                    policy=call.policy,
-                    prompt_ids=call.prompt_ids,
-                    completion_ids=call.completion_ids,
-                    logprobs=call.logprobs,
-                    mask=own,
-                    prompt_text=call.prompt_text,
-                    completion_text=call.completion_text,
-                    action=call.parsed,
-                    policy_version=call.policy_version,
-                    tool_calls=call.tool_calls or None,
-                    tool_results=call.tool_results or None,
-                    timings={**call.timings, "finish_reason": call.finish_reason},
-                    format_error=call.format_error,
-                )
-        step.log_metrics(metrics)
-        for role, values in role_metrics.items():
-            step.log_metrics(values, role=role)
-        if held_out is not None:
-            step.log_event("eval", held_out)

@@ -10,21 +10,19 @@ background=True)`` returns the same handle for a rollout): ``run.stop()``,
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from workbench.rl.config import TrainConfig
+from workbench.rl.run_files import CONFIG_FILE, TOPOLOGY_FILE, run_config, storage_errors, write_run_file
 
 STOP_FILE = "STOP"
 LOG_FILE = "run.log"
-CONFIG_FILE = "train_config.yaml"
-TOPOLOGY_FILE = "topology.yaml"
 TASKS_FILE = "tasks.jsonl"
 ACTIVE = ("created", "running")
 
@@ -172,26 +170,6 @@ def train(
     return launch(run_dir, run_here)
 
 
-def run_config(run_dir: str | Path) -> TrainConfig:
-    """The training config of the run in ``run_dir``.
-
-    A run killed after its store was made but before ``train_config.yaml`` was written still has the
-    config in its store: it is read from there and the file is written, so the run can be resumed.
-    """
-    run_dir = Path(run_dir)
-    path = run_dir / CONFIG_FILE
-    if not path.exists() and (run_dir / "config.yaml").exists():
-        from workbench.store import RunReader
-
-        stored = RunReader(run_dir).config
-        if stored.get("kind") != "train":
-            raise ValueError(f"{run_dir} is not a training run (its config has kind {stored.get('kind')!r})")
-        config = TrainConfig.from_dict({k: v for k, v in stored.items() if k != "kind"})
-        write_run_file(path, config.to_yaml())
-        return config
-    return TrainConfig.from_yaml(path)
-
-
 def resume(run_dir: str | Path, **overrides: Any) -> BackgroundRun:
     """Continue a stopped or killed run from its newest checkpoint, in a background process."""
     run_dir = Path(run_dir)
@@ -200,23 +178,6 @@ def resume(run_dir: str | Path, **overrides: Any) -> BackgroundRun:
     with storage_errors(run_dir / STOP_FILE):
         (run_dir / STOP_FILE).unlink(missing_ok=True)
     return launch(run_dir, run_here)
-
-
-@contextlib.contextmanager
-def storage_errors(path: Path) -> Iterator[None]:
-    """Re-raise an OSError met writing ``path`` as a StorageError naming the path and the cause."""
-    from workbench.store.layout import storage_error
-
-    try:
-        yield
-    except OSError as error:
-        raise storage_error(error, path) from error
-
-
-def write_run_file(path: Path, text: str) -> None:
-    """Write one of a run's files (its config, topology); a refused write names the path and the cause."""
-    with storage_errors(path):
-        path.write_text(text)
 
 
 def _config(config: Any, overrides: dict[str, Any]) -> TrainConfig:
@@ -269,7 +230,7 @@ def _child(run_dir: str, work: Callable[[Path], Any]) -> None:
 
 def _record_failure(run_dir: Path, error: BaseException) -> None:
     """Store ``error`` as the run's end, unless the run already recorded how it ended."""
-    from workbench.runs import record_end
+    from workbench.rl.run_end import record_end
     from workbench.store import RunStore, StoreError
 
     status = "stopped" if isinstance(error, KeyboardInterrupt) else "failed"
@@ -310,9 +271,8 @@ def stop_requests(stop_file: Path) -> Callable[[], bool]:
 def run_here(run_dir: str | Path) -> str:
     """Train (or resume) the run in ``run_dir`` in this process; the CLI and the background process end up here."""
     from workbench.engine import plugins
-    from workbench.rl.loop import run_training
+    from workbench.engine.spec_checks import load
     from workbench.tasks import load_tasks
-    from workbench.topology import load
 
     run_dir = Path(run_dir)
     config = run_config(run_dir)
@@ -327,6 +287,19 @@ def run_here(run_dir: str | Path) -> str:
         should_stop=stop_requests(run_dir / STOP_FILE),
         log=lambda m: print(m, flush=True),
     )
+
+
+def run_training(config: TrainConfig, run_dir: Path, **options: Any) -> str:
+    """Train in this process (``workbench.rl.loop.run_training``, which takes the same ``options``), on the Ray
+    cluster where ``config`` names one: the cluster's rollout scheduler and trainer are given to the loop, which
+    knows nothing of Ray."""
+    from workbench.rl import loop
+
+    if config.cluster is not None:
+        from workbench.cluster import parts as cluster
+
+        options = {"trainer_for": cluster.trainer_for, "scheduler_for": cluster.scheduler_for, **options}
+    return loop.run_training(config, run_dir, **options)
 
 
 def create(config: TrainConfig) -> Path:

@@ -1,6 +1,6 @@
 """Dashboard load benchmark: what N viewers of the dashboard receive while a real training run writes.
 
-    python -m tests.perf.bench_dashboard_load --quick     # 3 viewers, 8 s unwatched + 15 s watched
+    python -m tests.perf.bench_dashboard_load --quick     # 3 viewers, 4 s unwatched + 8 s watched
     python -m tests.perf.bench_dashboard_load             # 20 viewers, 20 s + 45 s (the issue's figure)
 
 ``workbench serve`` and ``workbench train`` (the tiny model, steps as fast as it goes) run in two
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     viewers_n = args.viewers or (3 if args.quick else 20)
-    watched_s = args.seconds or (15.0 if args.quick else 45.0)
+    watched_s = args.seconds or (8.0 if args.quick else 45.0)
     unwatched_s = min(20.0, watched_s / 2)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     env["PYTHONPATH"] = os.pathsep.join(

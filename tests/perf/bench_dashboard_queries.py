@@ -11,7 +11,7 @@ prompt text of about 400 characters, a 32-token completion with logprobs, mask a
 advantages, and about 100 characters of completion text; every 17th verifier fails its format.
 Calls are written with ``RunStore`` in batches (``add_calls``, one flush per 100 episodes).
 
-Each query of ``widgets.run_queries`` (and the token view's HTML) is then timed on the run's last step:
+Each query of ``workbench.store.queries`` (and the token view's HTML) is then timed on the run's last step:
 the steps and roles lists, the first and the last page of episodes, a page filtered by role, by reward
 range and by format failure, a text search that matches one episode and one that matches none (the
 worst case: every call's text of the step is read), the same without a step (all steps), one episode's
@@ -33,9 +33,10 @@ from typing import Any
 import numpy as np
 
 from tests.perf.runner import machine, now, write_json
-from widgets import run_queries as q
+from widgets.token_text import call_tokens
 from widgets.token_view import tokens_html
 from workbench.store import RunReader, RunStore
+from workbench.store import queries as q
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "dashboard_queries.json"
 CALLS_PER_EPISODE = 10
@@ -115,17 +116,17 @@ def timed(fn: Callable[[], object], repeats: int) -> dict[str, float]:
 
 def queries(reader: RunReader) -> dict[str, Callable[[], object]]:
     """The dashboard's queries on the run's last step, by name."""
-    last = int(q.steps(reader)["step"].iloc[-1])
+    last = int(q.step_list(reader)["step"].iloc[-1])
     first_page = q.episodes_page(reader, last)
     last_page = first_page.pages - 1
     episode = int(first_page.rows["id"].iloc[7])
     tag = str(first_page.rows["task_id"].iloc[7])
     call = q.call_tree(reader, episode)[0].id
-    tokens = q.call_tokens(reader, call)
+    tokens = call_tokens(reader, call)
     F = q.EpisodeFilter  # noqa: N806 - a short alias keeps the table below readable
     return {
-        "steps list": lambda: q.steps(reader),
-        "roles list": lambda: q.roles(reader),
+        "steps list": lambda: q.step_list(reader),
+        "roles list": lambda: q.role_list(reader),
         "episodes: first page": lambda: q.episodes_page(reader, last, 0),
         "episodes: last page": lambda: q.episodes_page(reader, last, last_page),
         "episodes: role filter": lambda: q.episodes_page(reader, last, where=F(role="corrector")),
@@ -141,7 +142,7 @@ def queries(reader: RunReader) -> dict[str, Callable[[], object]]:
         "all steps: first page": lambda: q.episodes_page(reader, None, 0),
         "all steps: search, no match": lambda: q.episodes_page(reader, None, where=F(search="no such text")),
         "call tree of an episode": lambda: q.call_tree(reader, episode),
-        "tokens of a call": lambda: q.call_tokens(reader, call),
+        "tokens of a call": lambda: call_tokens(reader, call),
         "token view HTML of a call": lambda: tokens_html(tokens, "advantage"),
     }
 

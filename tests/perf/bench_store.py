@@ -28,7 +28,6 @@ import numpy as np
 from tests.perf.runner import machine, write_json
 from workbench.store import RunReader, RunStore
 from workbench.store.schema import migrate
-from workbench.store.step import _INSERT_CALL
 
 ROLES = ("planner", "solver", "verifier", "corrector")
 DEFAULT_OUT = Path(__file__).parent / "results" / "store.json"
@@ -93,6 +92,18 @@ def ingest_store(
     return spent, store.run_dir
 
 
+# The plain-sqlite3 baseline writes its own INSERT: the calls table's columns in the order its rows list them.
+RAW_CALL_COLUMNS = (
+    "id", "step", "episode_id", "parent_id", "role", "policy", "position", "policy_version", "n_prompt",
+    "n_completion", "advantage", "rewards", "timings", "format_error", "action", "tool_calls", "tool_results",
+    "prompt_text", "completion_text", "prompt_ids", "completion_ids", "logprobs", "mask", "token_advantages",
+    "source_id",
+)  # fmt: skip
+RAW_INSERT = (
+    f"INSERT INTO calls ({', '.join(RAW_CALL_COLUMNS)}) VALUES ({', '.join('?' * len(RAW_CALL_COLUMNS))})"
+)
+
+
 def ingest_raw(db: Path, n_calls: int, per_step: int, batch: int, pool: list[dict]) -> float:
     """The same rows, pre-encoded, through plain sqlite3 executemany; returns seconds spent inserting."""
     conn = sqlite3.connect(db, isolation_level=None)
@@ -125,7 +136,7 @@ def ingest_raw(db: Path, n_calls: int, per_step: int, batch: int, pool: list[dic
         )
         episode_id += per_step // len(ROLES)
         for start in range(0, per_step, batch):
-            conn.executemany(_INSERT_CALL, rows[start : start + batch])
+            conn.executemany(RAW_INSERT, rows[start : start + batch])
             conn.execute("COMMIT")
             conn.execute("BEGIN")
         conn.execute(

@@ -34,7 +34,8 @@ from workbench.backends.base import GenerationRequest
 from workbench.engine import Rollout
 from workbench.models import load as load_model
 from workbench.models import resolve
-from workbench.rl.config import TrainConfig
+from workbench.rl.config import FIELDS as CONFIG_FIELDS
+from workbench.rl.config import SECTIONS, TrainConfig
 from workbench.rl.loop import run_training
 from workbench.tasks import load_tasks
 from workbench.training import create
@@ -180,7 +181,7 @@ def test_a_config_file_that_is_not_utf8_or_is_a_directory_is_a_value_error(tmp_p
         TrainConfig.from_yaml(tmp_path / "folder.yaml")
 
 
-FIELDS = [f.name for f in dataclasses.fields(TrainConfig)]
+FIELDS = [*CONFIG_FIELDS, *SECTIONS]  # every flat name, and each section as a whole
 VALUES = st.one_of(
     st.none(),
     st.booleans(),

@@ -24,8 +24,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workbench.topology import TopologyError, from_dict, from_yaml, library, load, to_dict, to_yaml
-from workbench.topology.validate import _at as at
+from workbench.engine.spec_checks import from_dict, from_yaml, load  # every check, as a run loads a spec
+from workbench.topology import TopologyError, library, to_dict, to_yaml
+from workbench.topology.validate import at
 
 NAMES = library()
 SPECS = {name: to_dict(load(name)) for name in NAMES}

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,14 @@ class Backend(Protocol):
 
 class BackendError(RuntimeError):
     """A backend that cannot start or cannot serve a request."""
+
+
+def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """The prompt ids of chat ``messages`` through the tokenizer's chat template, ready for a reply."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return list(ids)
 
 
 def fit_to_context(request: GenerationRequest, context: int | None) -> GenerationRequest:

@@ -1,9 +1,11 @@
 """Generation with a transformers model: the small CPU fallback backend.
 
 Concurrent requests (many agents of many episodes at once) are collected by a micro-batcher
-and decoded together in one left-padded batch per sampling setting (temperature, top-p/k, seed,
-adapter); each row keeps its own ``max_tokens``, stop strings and ``ignore_eos``, so different
-agents' requests share a batch. The decode loop (``workbench.backends.hf_decode``) drops rows
+and decoded together in one left-padded batch per sampling setting (temperature, top-p/k, adapter);
+each row keeps its own ``max_tokens``, stop strings, ``ignore_eos`` and seed, so different agents'
+requests share a batch. A request's seed seeds a generator of its own (its ``k``-th sample's: seed + k),
+so a seeded request draws the same tokens whatever else shares its batch (up to the float noise of a
+different batch shape). The decode loop (``workbench.backends.hf_decode``) drops rows
 from the batch as they finish; log-probs are those of the raw model distribution for the sampled
 tokens (as vLLM reports by default).
 """
@@ -169,7 +171,6 @@ class HFBackend:
     def _generate_rows(self, requests: list[GenerationRequest], started: float) -> list[list[Generation]]:
         import torch
 
-        first = requests[0]
         rows = [r for r in requests for _ in range(r.n)]
         pad_id = self.tokenizer.pad_token_id
         if pad_id is None:
@@ -180,12 +181,17 @@ class HFBackend:
         for i, r in enumerate(rows):
             input_ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
             attention[i, width - len(r.prompt_ids) :] = 1
-        if first.seed is not None:
-            torch.manual_seed(first.seed)
+        seeds = [None if r.seed is None else r.seed + k for r in requests for k in range(r.n)]
         device = self.model.get_input_embeddings().weight.device
         with self.placement.autocast():
             completions, chosen = decode(
-                self.model, self.tokenizer, input_ids.to(device), attention.to(device), rows, self.eos_ids
+                self.model,
+                self.tokenizer,
+                input_ids.to(device),
+                attention.to(device),
+                rows,
+                self.eos_ids,
+                seeds,
             )
         elapsed = time.perf_counter() - started
         generations = []
@@ -247,11 +253,12 @@ async def _in_own_thread(function: Any, *args: Any) -> Any:
 
 
 def _batch_key(request: GenerationRequest) -> tuple:
-    """Requests with the same key share one decode batch (``max_tokens``, stops and ``ignore_eos`` are per row).
+    """Requests with the same key share one decode batch (``max_tokens``, stops, ``ignore_eos`` and the seed are
+    per row).
 
     Not ``GenerationRequest.sampling_key``: that one also holds the per-row settings.
     """
-    return (request.temperature, request.top_p, request.top_k, request.seed, request.adapter)
+    return (request.temperature, request.top_p, request.top_k, request.adapter)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:

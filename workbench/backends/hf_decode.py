@@ -11,7 +11,9 @@ Rows with the same prompt (a GRPO group's G samples of one input) are prefilled 
 forward runs on one copy and its cache and last logits are copied to every row that shares it, which
 then sample on their own.
 
-Sampling follows transformers' order: temperature, then top-k, then top-p.
+Sampling follows transformers' order: temperature, then top-k, then top-p. A row with a seed draws from a
+generator of its own (seeded with it), so its tokens do not depend on the other rows of its batch; rows
+without one draw from torch's global generator.
 Attention is ``gqa_sdpa`` (``workbench.backends.gqa_attention``): a padded batch's mask would
 otherwise make transformers copy every grouped key/value head at each step.
 """
@@ -33,9 +35,11 @@ def decode(
     attention: torch.Tensor,
     rows: list[GenerationRequest],
     eos_ids: list[int],
+    seeds: list[int | None] | None = None,
 ) -> tuple[list[list[int]], list[list[float]]]:
     """Completion ids and raw log-probs per row of a left-padded batch (one sampling setting), decoded on the
-    device ``input_ids`` are on (the model's): the KV cache is made there."""
+    device ``input_ids`` are on (the model's): the KV cache is made there. ``seeds`` (one per row, or None)
+    gives the rows that have one a generator of their own."""
     from transformers import DynamicCache
 
     first = rows[0]
@@ -59,8 +63,9 @@ def decode(
         cache.batch_select_indices(copy_of)
         logits = logits[copy_of]
     position = positions[:, -1:] + 1
+    generators = _generators(seeds, input_ids.device)
     while True:
-        token = _sample(logits, first)
+        token = _sample(logits, first, None if generators is None else [generators[i] for i in active])
         chosen = logits.float().log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
         keep = []
         # one device-to-host copy a step, not one a row
@@ -100,7 +105,16 @@ def _distinct_rows(input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.T
     return torch.tensor(firsts), torch.tensor(copy_of)
 
 
-def _sample(logits: torch.Tensor, request: GenerationRequest) -> torch.Tensor:
+def _generators(seeds: list[int | None] | None, device: torch.device) -> list[torch.Generator | None] | None:
+    """A generator per seeded row (None for the others); None when no row has a seed."""
+    if seeds is None or all(s is None for s in seeds):
+        return None
+    return [None if s is None else torch.Generator(device=device).manual_seed(s) for s in seeds]
+
+
+def _sample(
+    logits: torch.Tensor, request: GenerationRequest, generators: list[torch.Generator | None] | None = None
+) -> torch.Tensor:
     if request.temperature == 0.0:
         return logits.argmax(-1)
     scores = logits.float() / request.temperature
@@ -113,17 +127,23 @@ def _sample(logits: torch.Tensor, request: GenerationRequest) -> torch.Tensor:
         drop = cumulative - ordered.softmax(-1) > request.top_p  # keep the smallest set reaching top_p
         ordered = ordered.masked_fill(drop, float("-inf"))
         scores = torch.full_like(scores, float("-inf")).scatter(-1, order, ordered)
-    return _draw(scores.softmax(-1))
+    return _draw(scores.softmax(-1), generators)
 
 
-def _draw(probs: torch.Tensor) -> torch.Tensor:
+def _draw(probs: torch.Tensor, generators: list[torch.Generator | None] | None = None) -> torch.Tensor:
     """One token a row, drawn from ``probs`` by inverting its cumulative sum at a uniform draw: the same
     distribution as ``torch.multinomial``, at a fraction of its cost over a large vocabulary. The sum is
     in float64, so even a very unlikely token keeps its exact share; a token of probability 0 is never drawn."""
     cdf = probs.double().cumsum(-1)
     if not torch.isfinite(cdf[:, -1]).all():
         raise ValueError("cannot sample: the model's probabilities are not finite (NaN or inf in its logits)")
-    u = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device) * cdf[:, -1:]
+    if generators is None:
+        u = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device)
+    else:  # each seeded row from its own generator, the others from the global one
+        u = torch.cat(
+            [torch.rand(1, 1, dtype=torch.float64, device=probs.device, generator=g) for g in generators]
+        )
+    u = u * cdf[:, -1:]
     return torch.searchsorted(cdf, u, side="right").squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 

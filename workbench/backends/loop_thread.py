@@ -8,6 +8,9 @@ loop). A backend keeps its client on one of these loops and hands every request 
     client = loop.run(make_client())                    # from synchronous code
     result = await loop.submit(client.call(...))        # from any other event loop
     loop.stop(cleanup())                                # run a last coroutine, then end the thread
+
+:func:`run_sync` is the other way round: it runs a coroutine to its end from synchronous code, on a
+thread of its own when the caller (a notebook cell) already has a running loop.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 
@@ -67,3 +70,43 @@ async def _cancel_other_tasks() -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def run_sync(coroutine_factory: Callable[[], Any], on_interrupt: Callable[[], None] | None = None) -> Any:
+    """Run a coroutine from plain or notebook code (a running loop gets its own thread).
+
+    An interrupt (Ctrl-C, or the notebook's stop button) calls ``on_interrupt`` and waits for the
+    coroutine to wind down, so what finished is kept.
+    """
+    try:
+        asyncio.get_running_loop()
+        running = True
+    except RuntimeError:
+        running = False
+    if not running and on_interrupt is None:  # outside the except: its error would be chained to each failure
+        return asyncio.run(coroutine_factory())
+    return _run_in_thread(coroutine_factory, on_interrupt)
+
+
+def _run_in_thread(coroutine_factory: Callable[[], Any], on_interrupt: Callable[[], None] | None) -> Any:
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["value"] = asyncio.run(coroutine_factory())
+        except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
+            result["error"] = error
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.1)
+    except KeyboardInterrupt:
+        if on_interrupt is None:
+            raise
+        on_interrupt()
+        thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]

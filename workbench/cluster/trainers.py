@@ -29,20 +29,17 @@ class TrainerRank:
     def __init__(
         self, spec: dict[str, Any], config: dict[str, Any], rank: int, size: int, plugins: bytes | None = None
     ):
-        import torch
-
         from workbench.engine import plugins as run_plugins
         from workbench.rl.config import TrainConfig
-        from workbench.rl.policies import PolicySet
+        from workbench.rl.parts import load_policies
         from workbench.topology import from_dict
 
-        torch.manual_seed(int(config.get("seed", 0)))
         self.config = TrainConfig.from_dict(config)
         run_plugins.import_modules(self.config.plugins)
         run_plugins.restore(plugins)
         self.rank, self.size = rank, size
-        self.policies, self.ref = PolicySet.load(
-            from_dict(spec), self.config, with_reference=bool(self.config.kl_coef)
+        self.policies, self.ref = load_policies(
+            from_dict(spec), self.config, self.config.seed, with_reference=bool(self.config.kl_coef)
         )
         self.trainer: Any = None
 
@@ -57,16 +54,10 @@ class TrainerRank:
 
     def join(self, address: str) -> int:
         from workbench.rl.data_parallel import join
-        from workbench.rl.trainer import PolicyTrainer
+        from workbench.rl.parts import policy_trainer
 
         shard = join(address, self.rank, self.size, on_gpu=self.policies.placement.device.type == "cuda")
-        self.trainer = PolicyTrainer(
-            self.policies.models,
-            self.config.optim(),
-            ref_model=self.ref,
-            activate=self.policies.activate,
-            shard=shard,
-        )
+        self.trainer = policy_trainer(self.policies, self.config, self.ref, shard)
         return self.rank
 
     def load(self, weights: dict[str, Any], optimizer_state: dict[str, Any] | None = None) -> None:

@@ -15,26 +15,20 @@ from typing import Any
 
 class RolloutWorker:
     def __init__(self, spec: dict[str, Any], config: dict[str, Any], seed: int, plugins: bytes | None = None):
-        import torch
-
-        from workbench.engine import Rollout
         from workbench.engine import plugins as run_plugins
         from workbench.rl.config import TrainConfig
-        from workbench.rl.policies import PolicySet
+        from workbench.rl.parts import load_policies, rollout_engine
         from workbench.topology import from_dict
 
-        torch.manual_seed(seed)
         self.config = TrainConfig.from_dict(config)
         run_plugins.import_modules(self.config.plugins)  # the run's own tool kinds, verifiers, ... first
         run_plugins.restore(plugins)
         topology = from_dict(spec)
-        self.policies, _ = PolicySet.load(topology, self.config)
+        self.policies, _ = load_policies(topology, self.config, seed)
         for model in self.policies.unique_models().values():
             model.eval()
         self.backends = self.policies.backends(self.config.backend, self.config.model)
-        self.engine = Rollout(
-            topology, self.backends, max_tokens=self.config.max_tokens, judge=self.config.make_judge()
-        )
+        self.engine = rollout_engine(topology, self.config, self.backends, self.config.make_judge())
         self.workdir = Path(tempfile.mkdtemp(prefix="workbench-worker-"))
 
     def set_weights(self, weights: dict[str, Any], version: int) -> int:

@@ -13,15 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.backends.base import Generation
+from workbench.backends.base import Generation, chat_prompt_ids
 from workbench.store.codec import TokenOwner
-
-
-def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if hasattr(ids, "keys"):
-        ids = ids["input_ids"]
-    return list(ids)
 
 
 class Conversation:

@@ -1,45 +1,6 @@
-"""What a rollout produces: an episode is a tree of calls, each with exact tokens and log-probs."""
+"""What a rollout produces (episodes of calls): declared with the plain data of the bottom layer, in
+``workbench.store.records``, so that rewards and the store use them without importing the engine."""
 
-from __future__ import annotations
+from workbench.store.records import CallRecord, EpisodeRecord
 
-from dataclasses import dataclass, field
-from typing import Any
-
-
-@dataclass
-class CallRecord:
-    role: str
-    node: str
-    position: int
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-    prompt_text: str
-    completion_text: str
-    finish_reason: str
-    policy: str
-    policy_version: int
-    trainable: bool
-    parent: int | None = None  # position of the parent call within the episode (nested agents)
-    source: int | None = None  # position of the call whose output this call consumed (provenance)
-    parsed: Any = None
-    format_error: str | None = None
-    mask: list[int] | None = None  # TokenOwner code per completion token; None: all the role's own
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
-    tool_results: list[dict[str, Any]] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
-    rewards: dict[str, float] = field(default_factory=dict)  # reward, accuracy, format (workbench.rewards)
-    advantage: float | None = None  # set when the call is trained on, stored with it
-
-
-@dataclass
-class EpisodeRecord:
-    task_id: str
-    group: str
-    sample: int
-    answer: str = ""
-    status: str = "complete"  # complete | call_limit | error
-    error: str | None = None
-    reward: float | None = None  # the outcome reward (the final answer checked), set by the engine
-    variables: dict[str, Any] = field(default_factory=dict)
-    calls: list[CallRecord] = field(default_factory=list)
+__all__ = ["CallRecord", "EpisodeRecord"]

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from workbench.backends.base import Backend, Generation, GenerationRequest
+from workbench.backends.loop_thread import run_sync  # noqa: F401  (re-exported for runs, schedulers, cluster)
 from workbench.engine.conversation import Conversation
+from workbench.engine.forcing import Forcing, request_seed
 from workbench.engine.mas_graph import substitute
 from workbench.engine.parsers import PARSERS, POSTPROCESS, FormatError
 from workbench.engine.protocols import Actions, ToolCall, make_protocol
@@ -75,8 +77,17 @@ class Rollout:
         max_tokens: int | None = None,
         tools: dict[str, Any] | None = None,
         judge: Backend | None = None,
+        seed: int | None = None,
+        forcing: Forcing | None = None,
     ):
+        """``seed``: give every generation request a seed of its own, derived from ``seed``, the task, the
+        episode's sample and the call's position and turn (``request_seed``), so that an episode's draws
+        do not depend on what else was decoded beside it; None (the default) leaves requests unseeded.
+        ``forcing``: answer some generations and tool calls from a stored episode instead (a replay's
+        prefix, ``workbench.engine.forcing``)."""
         self.topology = topology
+        self.seed = seed
+        self.forcing = forcing
         judged = sorted(name for name, role in topology.roles.items() if role.reward.judge)
         if judged and judge is None:
             raise ValueError(
@@ -408,7 +419,7 @@ class Rollout:
         backend = self.backends[role.policy]
         conversation = self._conversation(role_name, backend, variables)
         queued = time.time()
-        generation = await self._generate(role, backend, conversation.ids, ())
+        generation = await self._generate(role, backend, conversation.ids, (), state, position, 0)
         text = _postprocess(role, generation.text)
         parsed, format_error = _parse(role, text)
         conversation.add_generation(generation, text)
@@ -480,8 +491,10 @@ class Rollout:
         tool_results: list[dict] = []
         format_errors: list[str] = []
         finish = "stop"
-        for _turn in range(node.max_turns):
-            generation = await self._generate(role, backend, conversation.ids, protocol.stop)
+        for turn in range(node.max_turns):
+            generation = await self._generate(
+                role, backend, conversation.ids, protocol.stop, state, position, turn
+            )
             text = _postprocess(role, generation.text)
             conversation.add_generation(generation, text)
             actions = protocol.parse(generation.text)
@@ -496,8 +509,10 @@ class Rollout:
                 calls_to_run = calls_to_run[: max(0, node.max_tool_calls - len(tool_calls))]
             results = await asyncio.gather(
                 *(
-                    self._tool_or_duplicate(c, node, variables, state, position, tool_calls)
-                    for c in calls_to_run
+                    self._tool_or_duplicate(
+                        c, node, variables, state, position, tool_calls, len(tool_calls) + i
+                    )
+                    for i, c in enumerate(calls_to_run)
                 )
             )
             for call, (content, info) in zip(calls_to_run, results, strict=True):
@@ -522,7 +537,8 @@ class Rollout:
             limited = finish in {"turn_limit", "length"}
             prompt = template(node.final_prompt).render({**variables, "limit_reached": limited})
             conversation.insert(prompt, TokenOwner.OTHER_ROLE, role="user")
-            generation = await self._generate(role, backend, conversation.ids, ())
+            turns = len(conversation.turn_texts)
+            generation = await self._generate(role, backend, conversation.ids, (), state, position, turns)
             text = _postprocess(role, generation.text)
             conversation.add_generation(generation, text)
             actions = protocol.parse(generation.text)
@@ -565,8 +581,21 @@ class Rollout:
     # ------------------------------------------------------------------ tools
 
     async def _tool_or_duplicate(
-        self, call: ToolCall, node: AgentNode, variables: dict, state: _Episode, parent: int, done: list[dict]
+        self,
+        call: ToolCall,
+        node: AgentNode,
+        variables: dict,
+        state: _Episode,
+        parent: int,
+        done: list[dict],
+        index: int = 0,
     ) -> tuple[str, dict[str, Any]]:
+        """The ``index``-th tool call of the agent call at ``parent``: refused as a duplicate, taken from
+        the forced episode (a replay's prefix), or run."""
+        if self.forcing is not None:
+            forced = self.forcing.tool_result(parent, index, call.name)
+            if forced is not None:
+                return forced
         if node.refuse_duplicates and {"name": call.name, "arguments": call.arguments} in done:
             return node.refuse_duplicates, {
                 "name": call.name,
@@ -695,10 +724,22 @@ class Rollout:
         )
 
     async def _generate(
-        self, role: Role, backend: Backend, prompt_ids: list[int], stop: tuple[str, ...]
+        self,
+        role: Role,
+        backend: Backend,
+        prompt_ids: list[int],
+        stop: tuple[str, ...],
+        state: _Episode,
+        position: int,
+        turn: int,
     ) -> Generation:
+        """The ``turn``-th generation of the call at ``position``: forced (a replay's prefix) or sampled."""
         if self._cancelled.is_set():
             raise _Cancelled
+        if self.forcing is not None:
+            forced = self.forcing.generation(position, turn, prompt_ids, backend.tokenizer)
+            if forced is not None:
+                return forced
         max_tokens = role.sampling.max_tokens
         if self.max_tokens is not None:
             max_tokens = min(max_tokens, self.max_tokens)
@@ -712,6 +753,9 @@ class Rollout:
                 stop=tuple(dict.fromkeys((*stop, *role.stop))),
                 # a policy the backend serves as a LoRA adapter (declared in the spec, or a trainer's)
                 adapter=role.policy if role.policy in getattr(backend, "adapters", {}) else None,
+                seed=None
+                if self.seed is None
+                else request_seed(self.seed, state.record.task_id, state.record.sample, position, turn),
             )
         )
         return generation
@@ -789,43 +833,3 @@ def _as_text(content: Any) -> str:
     if isinstance(content, list):
         return "\n\n".join(_as_text(item) for item in content)
     return json.dumps(content, ensure_ascii=False, default=str)
-
-
-def run_sync(coroutine_factory: Callable[[], Any], on_interrupt: Callable[[], None] | None = None) -> Any:
-    """Run a coroutine from plain or notebook code (a running loop gets its own thread).
-
-    An interrupt (Ctrl-C, or the notebook's stop button) calls ``on_interrupt`` and waits for the
-    coroutine to wind down, so what finished is kept.
-    """
-    try:
-        asyncio.get_running_loop()
-        running = True
-    except RuntimeError:
-        running = False
-    if not running and on_interrupt is None:  # outside the except: its error would be chained to each failure
-        return asyncio.run(coroutine_factory())
-    return _run_in_thread(coroutine_factory, on_interrupt)
-
-
-def _run_in_thread(coroutine_factory: Callable[[], Any], on_interrupt: Callable[[], None] | None) -> Any:
-    result: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            result["value"] = asyncio.run(coroutine_factory())
-        except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
-            result["error"] = error
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    try:
-        while thread.is_alive():
-            thread.join(0.1)
-    except KeyboardInterrupt:
-        if on_interrupt is None:
-            raise
-        on_interrupt()
-        thread.join()
-    if "error" in result:
-        raise result["error"]
-    return result["value"]

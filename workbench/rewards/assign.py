@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 from workbench.rewards.verifiers import verify
 
 if TYPE_CHECKING:
-    from workbench.engine.records import CallRecord, EpisodeRecord
     from workbench.rewards.judge import LLMJudge
+    from workbench.store.records import CallRecord, EpisodeRecord
     from workbench.tasks import Task
     from workbench.topology import Topology
     from workbench.topology.spec import RewardRule

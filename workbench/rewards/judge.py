@@ -17,7 +17,8 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from workbench.backends.base import Backend, GenerationRequest
+from workbench.backends.base import Backend, GenerationRequest, chat_prompt_ids
+from workbench.backends.loop_thread import run_sync
 
 
 class UnreadableJudgement(ValueError):
@@ -316,8 +317,6 @@ class LLMJudge:
         return judgement
 
     async def _judge_once(self, question: str, response: str, reference: str) -> Judgement:
-        from workbench.engine.conversation import chat_prompt_ids  # the engine imports the rewards package
-
         text = ""
         try:
             content = self.prompt.render(question, response, reference)
@@ -343,8 +342,6 @@ class LLMJudge:
 
     def judge_many_sync(self, items: Iterable[tuple[str, str, str]]) -> list[Judgement]:
         """``judge_many`` from plain code or a notebook (a running event loop gets its own thread)."""
-        from workbench.engine.runner import run_sync  # the runner imports the rewards package
-
         items = list(items)
         return run_sync(lambda: self.judge_many(items))
 

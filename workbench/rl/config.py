@@ -1,14 +1,22 @@
-"""The training configuration: one flat dataclass with help text on every field, round-tripping to YAML.
+"""The training configuration: a few top-level fields and six sections, round-tripping to YAML.
 
-``TrainConfig.help()`` prints every field with its default and meaning (TRL's config style); a run
-stores its config in the run store, and ``workbench train config.yaml`` reads the same file.
+``TrainConfig`` holds what to train and the run's bookkeeping at the top, and the sections of
+``workbench.rl.config_sections`` (rollout, optimizer, loss, scheduling, scale_out, evaluation) beside them;
+every field carries its help text, and ``TrainConfig.help()`` prints them by section with their defaults
+(TRL's config style). Each field also has a flat name, unique over the sections (today's and older
+versions' keys): ``TrainConfig(learning_rate=1e-5)``, ``config.learning_rate``, a flat YAML file and
+``--set learning_rate=1e-5`` all reach ``config.optimizer.learning_rate``, as does ``optimizer.learning_rate``
+and a nested ``optimizer: {learning_rate: 1e-5}``. ``to_dict()`` is flat (the record a run stores, the
+form older versions wrote), ``to_yaml()`` nested by section; ``from_dict``/``from_yaml`` read both.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,8 +26,17 @@ import yaml
 from workbench.api_keys import url_hides_secrets
 from workbench.models.placement import Placement, device_problem, dtype_problem
 from workbench.rl.config_checks import field_problems
-from workbench.rl.loss import LossConfig
-from workbench.rl.trainer import OptimConfig
+from workbench.rl.config_sections import (
+    ClusterSection,
+    EvaluationSection,
+    LossConfig,
+    LossSection,
+    OptimConfig,
+    OptimSection,
+    RolloutSection,
+    SchedulingSection,
+    _f,
+)
 from workbench.yaml_dumper import SafeDumper
 
 
@@ -46,14 +63,38 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 - a SafeLoader with one more resolver
 
 
-def _f(default: Any, help: str, **kw: Any) -> Any:  # noqa: A002 - "help" is the natural name here
-    if isinstance(default, list | dict):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
-    return field(default=default, metadata={"help": help}, **kw)
+#: The sections: attribute of ``TrainConfig`` and key of a nested config -> its dataclass.
+SECTIONS: dict[str, type] = {
+    "rollout": RolloutSection,
+    "optimizer": OptimSection,
+    "loss": LossSection,
+    "scheduling": SchedulingSection,
+    "scale_out": ClusterSection,
+    "evaluation": EvaluationSection,
+}
 
 
-@dataclass
+def _section(name: str, value: Any) -> Any:
+    """``value`` (a mapping, an instance, or None for the defaults) as a new ``SECTIONS[name]``."""
+    kind = SECTIONS[name]
+    if value is None:
+        return kind()
+    if isinstance(value, kind):
+        return kind(**{f.name: getattr(value, f.name) for f in dataclasses.fields(kind)})
+    if isinstance(value, Mapping):
+        return kind(**value)
+    raise ValueError(f"{name} must be a mapping of field: value, got {type(value).__name__}")
+
+
+@dataclass(init=False)
 class TrainConfig:
+    """What to train and the run's bookkeeping (top level), and the sections.
+
+    ``TrainConfig(**fields)`` takes top-level fields, sections (mappings or section objects) and section
+    fields by flat name or as ``section.name``; section fields are set after the sections, so
+    ``dataclasses.replace(config, learning_rate=1e-5)`` changes one field.
+    """
+
     # ---- what to train
     topology: str = _f("marsrl", "Built-in topology name or path to a YAML/JSON spec.")
     model: str = _f("smollm2-135m", "Model name from the local registry, a local path or a HF checkpoint.")
@@ -77,10 +118,6 @@ class TrainConfig:
     tasks: str = _f("arithmetic", "Task generator name (workbench tasks) or a JSONL/Parquet file of tasks.")
     task_options: dict = _f({}, "Keyword options of the task generator (e.g. {level: 1, format: plain}).")
     n_tasks: int = _f(256, "Training tasks to generate (ignored for a file).")
-    eval_tasks: int = _f(0, "Held-out tasks (another seed) scored greedily every eval_every steps; 0: none.")
-    eval_every: int = _f(
-        0, "Steps between held-out evaluations; 0: only before the first and after the last."
-    )
     policies: str = _f(
         "shared", "How policies map to weights: shared (one model), lora (an adapter per policy), separate."
     )
@@ -95,103 +132,6 @@ class TrainConfig:
         "Modules imported first in every process of the run (background, resume, CLI, Ray workers): importing them "
         "registers their tool kinds, verifiers, parsers. What a notebook registers travels by value without this.",
     )
-    # ---- rollout
-    steps: int = _f(10, "Training steps (each: roll out, score, update, sync weights).")
-    batch_size: int = _f(8, "Tasks per step.")
-    group_size: int = _f(4, "Samples per task (GRPO's G); grouped topologies also use it per selected input.")
-    max_tokens: int | None = _f(64, "Cap on tokens per call (below each role's own limit); None: the role's.")
-    temperature: float = _f(1.0, "Sampling temperature of every role during training rollouts.")
-    judge_model: str | None = _f(
-        None,
-        "Model that scores rewards whose rule names an LLM judge (reward.judge in the spec); loaded as a frozen "
-        "copy. None: no judge (a topology that needs one fails to start).",
-    )
-    judge_backend: str = _f(
-        "hf", "Backend of the judge: hf, vllm, or the base URL of an OpenAI-compatible server."
-    )
-    train_roles: list | None = _f(
-        None, "Roles whose samples enter the loss (MarsRL-S: [solver]); None: every trainable role."
-    )
-    # ---- scheduling (workbench.rl.scheduling)
-    scheduler: str = _f(
-        "sync",
-        "How rollout and training take turns: sync (roll out, then train), async (rollout runs ahead by at most "
-        "max_staleness versions), pipeline (MarsRL's agent-level pipeline: new problems' first agents and earlier "
-        "problems' next agents in one batch; grouped flows).",
-    )
-    max_staleness: int = _f(
-        1,
-        "async: most policy versions between the policy that generated a sample and the one that trains on it; "
-        "pipeline: 1 rolls the next step's level out during the update, 0 keeps them apart; pipeline with "
-        "segment_len: most steps a call is carried over, one segment a step (no rollout during the update).",
-    )
-    segment_len: int | None = _f(
-        None,
-        "Decode at most this many tokens of a request before it queues again (segment rollout); None: off.",
-    )
-    stale_ratio: str = _f(
-        "recompute",
-        "Importance ratio of samples from older policies: recompute (old log-probs from the trainer's weights "
-        "before the update), behaviour (the engine's log-probs of the policy that sampled them), truncated "
-        "(recompute, weighted by min(old/engine, engine_ratio_cap or 2)).",
-    )
-    # ---- scale-out (workbench.cluster; needs the ray extra)
-    cluster: str | None = _f(
-        None,
-        "Where rollouts run: None (this process), local (a Ray cluster started on this machine), or the address "
-        "of a running Ray cluster (ray://host:10001, or auto for the one `ray start` made here). sync scheduler.",
-    )
-    cluster_workers: int = _f(2, "Rollout workers (Ray actors, each with its own copy of the policies).")
-    cluster_cpus_per_worker: float = _f(1.0, "CPUs Ray reserves for each rollout worker.")
-    cluster_gpus_per_worker: float = _f(0.0, "GPUs Ray reserves for each rollout worker (vllm backend: 1).")
-    cluster_max_restarts: int = _f(
-        3, "Rollout workers a step may replace (a lost worker's tasks are rolled out again) before it fails."
-    )
-    cluster_trainers: int = _f(
-        0,
-        "Trainer ranks as Ray actors (data parallel: each trains on its share of a mini-batch, gradients summed "
-        "over the ranks); 0: the update runs in the driver.",
-    )
-    cluster_cpus_per_trainer: float = _f(1.0, "CPUs Ray reserves for each trainer rank.")
-    cluster_gpus_per_trainer: float = _f(
-        0.0,
-        "GPUs Ray reserves for each trainer rank (1: each rank trains on its GPU and sums gradients over NCCL).",
-    )
-    # ---- optimisation
-    learning_rate: float = _f(1e-6, "AdamW learning rate (constant).")
-    weight_decay: float = _f(0.0, "AdamW weight decay.")
-    adam_beta1: float = _f(0.9, "AdamW beta1.")
-    adam_beta2: float = _f(0.999, "AdamW beta2.")
-    adam_eps: float = _f(1e-8, "AdamW epsilon.")
-    max_grad_norm: float | None = _f(1.0, "Gradient clipping norm; None: no clipping.")
-    mini_batch_size: int | None = _f(None, "Samples per optimizer step; None: one step per rollout step.")
-    ppo_epochs: int = _f(1, "Passes over the step's samples.")
-    token_budget: int = _f(
-        4096,
-        "Tokens per packed (padding-free) micro-batch: what bounds the update's activation memory (a sample "
-        "longer than the budget gets a micro-batch of its own).",
-    )
-    clip_low: float = _f(0.2, "PPO clip range below 1 (epsilon low).")
-    clip_high: float = _f(0.2, "PPO clip range above 1 (epsilon high; DAPO's clip-higher uses 0.28).")
-    dual_clip: float | None = _f(None, "Dual-clip constant c > 1 for negative advantages; None: off.")
-    aggregation: str = _f(
-        "seq_mean_token_mean", "Loss aggregation: seq_mean_token_mean (GRPO, MARS) or token_mean (DAPO)."
-    )
-    kl_coef: float = _f(0.0, "Coefficient of the k3 KL to the initial model (needs a reference copy).")
-    entropy_coef: float = _f(0.0, "Entropy bonus coefficient.")
-    engine_ratio_cap: float | None = _f(
-        None, "Truncated importance weight cap for engine-vs-trainer log-prob mismatch; None: off."
-    )
-    mastered_prob: float | None = _f(
-        None, "UloRL dynamic masking: drop positive-advantage tokens with old probability above this."
-    )
-    advantage_eps: float = _f(
-        1e-4,
-        "Epsilon added to the group std: TRL's default, so a TRL config's advantages carry over unchanged (with "
-        "0/1 rewards the std of a mixed group of G is at least 1/sqrt(G), so eps moves an advantage by under "
-        "1e-4 * sqrt(G): 0.04% at G = 16).",
-    )
-    scale_advantages: bool = _f(True, "Divide by the group std (False: Dr. GRPO's plain centring).")
     # ---- bookkeeping
     seed: int = _f(0, "Seed of task generation, data order and update shuffling.")
     checkpoint_every: int = _f(5, "Steps between checkpoints (model, optimizer, data position).")
@@ -199,9 +139,41 @@ class TrainConfig:
     sync_timeout_s: float = _f(300.0, "Seconds a weight sync may take before the run fails with an error.")
     runs_dir: str = _f("runs", "Directory holding the runs.")
     run_id: str | None = _f(None, "Run id (default: generated from the time and topology).")
+    # ---- the sections
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    optimizer: OptimSection = field(default_factory=OptimSection)
+    loss: LossSection = field(default_factory=LossSection)
+    scheduling: SchedulingSection = field(default_factory=SchedulingSection)
+    scale_out: ClusterSection = field(default_factory=ClusterSection)
+    evaluation: EvaluationSection = field(default_factory=EvaluationSection)
 
-    def __post_init__(self) -> None:
-        problems = field_problems(self)  # types and ranges, field by field; the checks below need no type
+    def __init__(self, **values: Any) -> None:
+        for spec in dataclasses.fields(self):
+            default = spec.default_factory if spec.default_factory is not dataclasses.MISSING else None
+            setattr(self, spec.name, default() if default else spec.default)
+        problems, flat = [], {}
+        for key, value in values.items():
+            if key in SECTIONS:
+                try:
+                    setattr(self, key, _section(key, value))
+                except ValueError as error:
+                    problems.append(str(error))
+            elif key in _TOP:
+                setattr(self, key, value)
+            elif key in _PATHS:
+                flat[key] = value
+            else:
+                raise TypeError(f"TrainConfig() got an unexpected keyword argument {key!r}")
+        for key, value in flat.items():
+            section, name = _PATHS[key]
+            setattr(getattr(self, section), name, value)
+        self._check(problems)
+
+    def __copy__(self) -> TrainConfig:
+        return dataclasses.replace(self)  # sections copied too: a copy's fields are its own
+
+    def _check(self, problems: list[str]) -> None:
+        problems += field_problems(self)  # types and ranges, field by field; the checks below need no type
         if self.aggregation not in ("seq_mean_token_mean", "token_mean"):
             problems.append(
                 f"aggregation must be seq_mean_token_mean or token_mean, got {self.aggregation!r}"
@@ -247,30 +219,43 @@ class TrainConfig:
 
     # ---- conversions
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def to_dict(self, nested: bool = False) -> dict[str, Any]:
+        """Every field by its flat name (the record a run stores); ``nested``: the sections as mappings."""
+        if nested:
+            return dataclasses.asdict(self)
+        return {name: copy.deepcopy(getattr(self, name)) for name in FIELDS}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        """A config from a mapping of field: value; a ``ValueError`` listing every problem, fields it does not
-        have (with the nearest known name) among them."""
+        """A config from a mapping of field: value, flat, nested by section or both; a ``ValueError`` listing
+        every problem, fields it does not have (with the nearest known name) among them."""
         if not isinstance(data, dict):
             raise ValueError(f"a training config is a mapping of field: value, got {type(data).__name__}")
-        known = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(str(key) for key in data if key not in known)
+        unknown, known = [], {}
+        for key, value in data.items():
+            if key in SECTIONS and isinstance(value, Mapping):
+                names = {f.name for f in dataclasses.fields(SECTIONS[key])}
+                unknown += [f"{key}.{name}" for name in value if name not in names]
+                known[key] = {name: v for name, v in value.items() if name in names}
+            elif key in _TOP or key in _PATHS or key in SECTIONS:
+                known[key] = value
+            else:
+                unknown.append(str(key))
         if not unknown:
             return cls(**data)
-        near = {name: difflib.get_close_matches(name, known, n=1) for name in unknown}
+        names = [*FIELDS, *SECTIONS, *(p for p in _PATHS if "." in p)]
+        near = {name: difflib.get_close_matches(name, names, n=1) for name in sorted(unknown)}
         hints = "".join(f"; {name!r} may be {close[0]!r}" for name, close in near.items() if close)
-        problems = [f"unknown training config field(s) {unknown}{hints}; see TrainConfig.help()"]
+        problems = [f"unknown training config field(s) {sorted(unknown)}{hints}; see TrainConfig.help()"]
         try:  # what is wrong with the known fields too, so that one error lists everything
-            cls(**{key: value for key, value in data.items() if key in known})
+            cls(**known)
         except ValueError as error:
             problems += str(error).split("\n  - ")[1:]
         raise ValueError("invalid training config:\n  - " + "\n  - ".join(problems))
 
     def to_yaml(self, path: str | Path | None = None) -> str:
-        text = yaml.dump(self.to_dict(), Dumper=_YamlDumper, sort_keys=False)
+        """The config as YAML, one block per section (``path``: also written there)."""
+        text = yaml.dump(self.to_dict(nested=True), Dumper=_YamlDumper, sort_keys=False)
         if path is not None:
             Path(path).write_text(text)
         return text
@@ -298,11 +283,22 @@ class TrainConfig:
 
     @classmethod
     def help(cls) -> str:
-        """Every field, its default and what it does."""
+        """Every field by section: its flat name, default and what it does."""
         lines = []
-        for f in dataclasses.fields(cls):
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            lines.append(f"{f.name} = {default!r}\n    {f.metadata['help']}")
+        for section, kind in [(None, cls), *SECTIONS.items()]:
+            title = "top level: what to train, and the run's bookkeeping" if section is None else kind.__doc__
+            lines.append(f"[{title}]")
+            for spec in dataclasses.fields(kind):
+                if spec.name in SECTIONS:
+                    continue
+                default = (
+                    spec.default_factory()
+                    if spec.default_factory is not dataclasses.MISSING
+                    else spec.default
+                )
+                flat = spec.metadata.get("flat", spec.name)
+                nested = f"  ({section}.{spec.name})" if flat != spec.name else ""
+                lines.append(f"{flat} = {default!r}{nested}\n    {spec.metadata['help']}")
         return "\n".join(lines)
 
     def make_judge(self) -> Any:
@@ -316,31 +312,46 @@ class TrainConfig:
         return make_backend(self.judge_backend, self.judge_model)
 
     def optim(self) -> OptimConfig:
+        """What the trainer takes: the optimizer and loss sections, with the precision, sampling temperature,
+        seed and stale-sample ratio the rest of the config sets."""
+        loss = dataclasses.asdict(self.loss)
+        if self.stale_ratio == "truncated":
+            loss["engine_ratio_cap"] = self.engine_ratio_cap or 2.0
         return OptimConfig(
-            learning_rate=self.learning_rate,
-            beta1=self.adam_beta1,
-            beta2=self.adam_beta2,
-            eps=self.adam_eps,
-            weight_decay=self.weight_decay,
-            max_grad_norm=self.max_grad_norm,
-            mini_batch_size=self.mini_batch_size,
-            ppo_epochs=self.ppo_epochs,
-            token_budget=self.token_budget,
+            **dataclasses.asdict(self.optimizer),
             compute_dtype=str(Placement.resolve(self.device, self.dtype).dtype).removeprefix("torch."),
             gradient_checkpointing=self.gradient_checkpointing,
             temperature=self.temperature if self.temperature > 0 else 1.0,
             seed=self.seed,
-            loss=LossConfig(
-                clip_low=self.clip_low,
-                clip_high=self.clip_high,
-                dual_clip=self.dual_clip,
-                aggregation=self.aggregation,  # type: ignore[arg-type]
-                kl_coef=self.kl_coef,
-                entropy_coef=self.entropy_coef,
-                engine_ratio_cap=(self.engine_ratio_cap or 2.0)
-                if self.stale_ratio == "truncated"
-                else self.engine_ratio_cap,
-                old_from_engine=self.stale_ratio == "behaviour",
-                mastered_prob=self.mastered_prob,
-            ),
+            loss=LossConfig(**loss, old_from_engine=self.stale_ratio == "behaviour"),
         )
+
+
+#: Top-level fields (not sections) by name.
+_TOP = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in SECTIONS]
+#: Section fields by flat name and by ``section.name`` -> (section, name in the section).
+_PATHS = {
+    path: (section, spec.name)
+    for section, kind in SECTIONS.items()
+    for spec in dataclasses.fields(kind)
+    for path in (spec.metadata.get("flat", spec.name), f"{section}.{spec.name}")
+}
+#: Every field's flat name, top level first, then section by section.
+FIELDS = [*_TOP, *(path for path in _PATHS if "." not in path)]
+assert len(set(FIELDS)) == len(FIELDS), "a flat name belongs to one field"
+
+
+def _flat(section: str, name: str, help: str) -> property:  # noqa: A002
+    def get(config: TrainConfig) -> Any:
+        return getattr(getattr(config, section), name)
+
+    def set_(config: TrainConfig, value: Any) -> None:
+        setattr(getattr(config, section), name, value)
+
+    return property(get, set_, doc=help)
+
+
+for _name in FIELDS[len(_TOP) :]:  # config.learning_rate reads and writes config.optimizer.learning_rate
+    _section_name, _field = _PATHS[_name]
+    _help = SECTIONS[_section_name].__dataclass_fields__[_field].metadata["help"]
+    setattr(TrainConfig, _name, _flat(_section_name, _field, _help))

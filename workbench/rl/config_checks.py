@@ -3,7 +3,7 @@
 ``field_problems(config)`` returns one line per bad field, naming the field, what it must be and what it
 got, so a YAML file with a string for ``steps``, a list for ``learning_rate``, NaN or a negative clip range
 fails at once with every problem listed, instead of deep inside a run. Checks of values that depend on each
-other stay in ``TrainConfig.__post_init__``.
+other stay in ``TrainConfig``'s own checks.
 """
 
 from __future__ import annotations
@@ -143,14 +143,19 @@ def _range_problem(name: str, value: Any) -> str | None:
 
 
 def field_problems(config: Any) -> list[str]:
-    """One line per field of the dataclass ``config`` whose value has the wrong type or is out of range."""
+    """One line per field of the dataclass ``config`` whose value has the wrong type or is out of range,
+    named by its flat name (``metadata["flat"]``, else its own); the fields of a section inside it too."""
     problems = []
     for spec in dataclasses.fields(config):
         value = getattr(config, spec.name)
+        if dataclasses.is_dataclass(value):
+            problems += field_problems(value)
+            continue
+        name = spec.metadata.get("flat", spec.name)
         problem = (
-            _type_problem(spec.name, str(spec.type), value)
-            or _range_problem(spec.name, value)
-            or _content_problem(spec.name, value)
+            _type_problem(name, str(spec.type), value)
+            or _range_problem(name, value)
+            or _content_problem(name, value)
         )
         if problem:
             problems.append(problem)

@@ -12,6 +12,7 @@ from typing import Any
 
 from workbench.rl import checkpoint
 from workbench.rl.policies import PolicySet, per_role_policies
+from workbench.rl.run_files import TOPOLOGY_FILE, run_config
 
 
 def export_model(
@@ -25,7 +26,6 @@ def export_model(
     """
     from workbench.models import load as load_model
     from workbench.topology import load as load_topology
-    from workbench.training import TOPOLOGY_FILE, run_config
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     latest = checkpoint.latest(run_dir)

@@ -22,22 +22,12 @@ log-probs, each token's advantage, its loss mask and the sample it belongs to.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
+from workbench.rl.config_sections import LossConfig  # the config's loss section, as the loss reads it
 
-@dataclass
-class LossConfig:
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = None
-    aggregation: Literal["token_mean", "seq_mean_token_mean"] = "seq_mean_token_mean"
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
-    engine_ratio_cap: float | None = None
-    mastered_prob: float | None = None
-    old_from_engine: bool = False  # the old policy's log-probs are the engine's (behaviour policy's)
+__all__ = ["LossConfig", "LossTerms", "policy_loss"]
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Per-step training metrics, global and per role (the complete list is in the README).
+"""Per-step training metrics, global and per role (the complete list is in docs/training.md).
 
 Rollout-side metrics come from the episodes (rewards, accuracy, format, lengths, tools, Verifier
 confusion); learning-side ones from the samples and the trainer (groups, clipping, KL, entropy,

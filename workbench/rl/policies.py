@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import threading
-import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -145,9 +144,8 @@ class PolicySet:
         engine = make_backend("vllm", model_name, enable_lora=self.mode == "lora", **options)
         return dict.fromkeys(self.names, engine)
 
-    def sync(self, backends: dict[str, Any], run_dir: Path, version: int, timeout: float) -> float:
-        """Make the current weights reach every backend; returns the seconds it took."""
-        started = time.perf_counter()
+    def sync(self, backends: dict[str, Any], run_dir: Path, version: int, timeout: float) -> None:
+        """Make the current weights reach every backend (the training step times it, as its sync phase)."""
         for backend in {id(unwrap(b)): unwrap(b) for b in backends.values()}.values():
             if id(backend) in self._copies:  # an hf copy: only the trained tensors (the adapters for lora)
                 state = self._copies[id(backend)].state_dict()
@@ -169,7 +167,6 @@ class PolicySet:
                 self.models[self.names[0]].save_pretrained(directory, safe_serialization=True)
                 reload = partial(backend.load_weights, directory, policy_version=version)
                 _with_timeout(reload, timeout, backend.name)
-        return time.perf_counter() - started
 
     # ------------------------------------------------------------------ checkpoints
 

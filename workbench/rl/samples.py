@@ -2,7 +2,8 @@
 
 A sample is a call's exact prompt and completion token ids (as the engine produced them), which
 completion tokens train (the role's own generated tokens; tool results and other roles' text are
-masked), the engine's log-probs of those tokens, and the call's reward, group and advantage.
+masked), the engine's log-probs of those tokens, and the call's reward, group and advantage. A sample
+keeps its call, so the advantage it is trained with is written back to the call (and stored with it).
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from workbench.store.codec import TokenOwner
+
 if TYPE_CHECKING:
-    from workbench.engine.records import CallRecord, EpisodeRecord
+    from workbench.store.records import CallRecord, EpisodeRecord
 
 
 @dataclass
@@ -30,6 +33,11 @@ class Sample:
     position: int = -1  # position of the call in its episode
     parent: int | None = None
     rewards: dict[str, float] = field(default_factory=dict)
+    call: CallRecord | None = field(default=None, repr=False, compare=False)  # the call it was made from
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A sample travels (to trainer ranks) without its call: training needs only its tokens."""
+        return {**self.__dict__, "call": None}
 
     @property
     def n_tokens(self) -> int:
@@ -40,14 +48,12 @@ class Sample:
         return sum(self.mask)
 
 
-def from_call(call: CallRecord, episode_index: int, trainable_owner: int = 1) -> Sample:
-    """A sample from a call; tokens whose owner code is not ``trainable_owner`` are masked."""
-    owners = call.mask if call.mask is not None else [trainable_owner] * len(call.completion_ids)
-    mask = [int(o == trainable_owner) for o in owners] if call.trainable else [0] * len(owners)
+def from_call(call: CallRecord, episode_index: int) -> Sample:
+    """A sample from a call: its tokens whose owner (`CallRecord.owners`) is TRAINABLE train."""
     return Sample(
         prompt_ids=list(call.prompt_ids),
         completion_ids=list(call.completion_ids),
-        mask=mask,
+        mask=[int(o == TokenOwner.TRAINABLE) for o in call.owners()],
         old_logprobs=list(call.logprobs),
         role=call.role,
         policy=call.policy,
@@ -57,6 +63,7 @@ def from_call(call: CallRecord, episode_index: int, trainable_owner: int = 1) ->
         position=call.position,
         parent=call.parent,
         rewards=dict(call.rewards),
+        call=call,
     )
 
 

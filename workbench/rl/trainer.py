@@ -14,14 +14,14 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from workbench.models.placement import DTYPES, Placement
+from workbench.rl.config_sections import OptimConfig
 from workbench.rl.data_parallel import Shard
-from workbench.rl.loss import LossConfig, LossTerms, policy_loss
+from workbench.rl.loss import LossTerms, policy_loss
 from workbench.rl.packing import (
     collate,
     plan_micro_batches,
@@ -30,28 +30,6 @@ from workbench.rl.packing import (
     use_block_attention,
 )
 from workbench.rl.samples import Sample
-
-
-@dataclass
-class OptimConfig:
-    learning_rate: float = 1e-6
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    max_grad_norm: float | None = 1.0
-    mini_batch_size: int | None = None  # samples per optimizer step; None: the whole batch in one step
-    ppo_epochs: int = 1
-    token_budget: int = 4096  # tokens per packed micro-batch
-    temperature: float = 1.0  # logits are divided by the sampling temperature, as the engine did
-    measure_role_gradients: bool = True
-    block_attention: bool = True  # attention per sample inside packed rows (no masked-out blocks computed)
-    share_prefixes: bool = True  # with block_attention: a prompt shared by several samples is computed once
-    compute_dtype: str = "float32"  # bfloat16: forward/backward under autocast, fp32 weights and AdamW state
-    gradient_checkpointing: bool = False  # recompute each layer's activations in the backward pass
-    seed: int = 0
-    loss: LossConfig = field(default_factory=LossConfig)
-
 
 # the step totals each rank adds up over its share (the gradient norm is the same on every rank)
 _SUMMED = ("loss", "tokens", "clipped_low", "clipped_high", "kl", "entropy", "ratio", "mastered")

@@ -11,7 +11,8 @@
     for rows in reader.tail("calls", timeout=5): ...   # live tail
 
 Layout on disk: `layout.py`; tables and migrations: `schema.py`; token-array encoding and the
-ownership-mask codes (`TokenOwner`): `codec.py`.
+ownership-mask codes (`TokenOwner`): `codec.py`; the dashboard's named read queries (a page of
+episodes, an episode's call tree, what changed since the last poll): `queries.py`.
 """
 
 from .codec import TokenOwner

@@ -1,9 +1,10 @@
 """Writing one step of a run: `with store.step(index, policy_version=v) as step: ...`.
 
-Inside the block, `add_episode`, `add_call`/`add_calls` and `log_metrics` queue rows in a transaction;
-`flush()` commits what was queued so far (live readers then see it); a clean exit marks the step
-`complete` in the same transaction as its last rows. An exception in the block rolls back what was
-not flushed, deletes what was, logs a `step_aborted` event and re-raises: no partial step remains.
+Inside the block, `add_episode`, `add_call`/`add_calls` (or `add_record`, an engine's call record) and
+`log_metrics` queue rows in a transaction; `flush()` commits what was queued so far (live readers then
+see it); a clean exit marks the step `complete` in the same transaction as its last rows. An exception
+in the block rolls back what was not flushed, deletes what was, logs a `step_aborted` event and
+re-raises: no partial step remains.
 
 Call ids and episode ids are returned at once (the writer allocates them), so a call can name its
 parent before the parent is written: reserve the parent's id with `new_call_id()` and pass it later
@@ -13,11 +14,11 @@ as `call_id=`.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .call_row import CALL_FIELDS, CallRow
 from .codec import (
     FLOAT_DTYPE,
     IDS_DTYPE,
@@ -33,16 +34,9 @@ from .errors import InvalidRecordError, StepError
 from .layout import sqlite_errors
 
 if TYPE_CHECKING:
-    from .writer import RunStore
+    from .records import CallRecord
 
 _UNSET: Any = object()
-
-CALL_COLUMNS = (
-    "id", "step", "episode_id", "parent_id", "role", "policy", "position", "policy_version", "n_prompt",
-    "n_completion", "advantage", "rewards", "timings", "format_error", "action", "tool_calls", "tool_results",
-    "prompt_text", "completion_text", "prompt_ids", "completion_ids", "logprobs", "mask", "token_advantages", "source_id",
-)  # fmt: skip
-_INSERT_CALL = f"INSERT INTO calls ({', '.join(CALL_COLUMNS)}) VALUES ({', '.join('?' * len(CALL_COLUMNS))})"
 
 #: Keys accepted by update_call / update_calls (besides `id`).
 UPDATABLE_CALL_FIELDS = frozenset(
@@ -97,7 +91,8 @@ def _check_len(blob: bytes | None, itemsize: int, field: str, n_completion: int 
 class StepWriter:
     """The rows of one step. Obtain it from `RunStore.step` and use it as a context manager."""
 
-    def __init__(self, store: RunStore, index: int, policy_version: int | None) -> None:
+    def __init__(self, store: Any, index: int, policy_version: int | None) -> None:
+        # store: the RunStore of the step (not imported here: writer.py imports this module)
         if isinstance(index, bool) or not isinstance(index, int) or index < 0:
             raise StepError(f"step index must be a non-negative int, got {index!r}")
         self._store = store
@@ -283,48 +278,27 @@ class StepWriter:
             self._reserved.add(call_id)
             return call_id
 
-    def add_call(
-        self,
-        episode_id: int,
-        role: str,
-        *,
-        call_id: int | None = None,
-        parent_id: int | None = None,
-        policy: str | None = None,
-        position: int | None = None,
-        prompt_ids: Any = None,
-        completion_ids: Any = None,
-        logprobs: Any = None,
-        mask: Any = None,
-        prompt_text: str | None = None,
-        completion_text: str | None = None,
-        action: Any = None,
-        tool_calls: Any = None,
-        tool_results: Any = None,
-        rewards: Mapping[str, float] | None = None,
-        advantage: float | None = None,
-        token_advantages: Any = None,
-        policy_version: int | None = None,
-        timings: Mapping[str, Any] | None = None,
-        format_error: str | None = None,
-        source_id: int | None = None,
-    ) -> int:
+    def add_call(self, episode_id: int, role: str, **fields: Any) -> int:
         """Add one call (one model generation) to an episode of this step; returns its id.
 
-        Token arrays (lists, numpy arrays or CPU tensors) are stored as int32/float32/uint8 BLOBs;
-        `logprobs`, `mask` (TokenOwner codes) and `token_advantages` need one entry per completion
-        token. `position` (order within the episode) defaults to the next free one; `policy_version`
-        to the step's. `action`, `tool_calls`, `tool_results` and `timings` are JSON; `rewards` maps
-        reward names to numbers. `source_id` is the call whose output this one consumed (provenance).
+        The fields are those of `CallRow`: token arrays, texts, action, tool calls, rewards, ids.
         """
-        args = dict(locals())
-        del args["self"]
+        return self._add_row(CallRow(episode_id, role, **fields))
+
+    def add_record(
+        self, episode_id: int, call: CallRecord, *, parent_id: int | None = None, source_id: int | None = None
+    ) -> int:
+        """Add the engine's record of a call; `parent_id`/`source_id` are the stored ids of its parent and
+        source calls. Returns its id."""
+        return self._add_row(CallRow.of(call, episode_id, parent_id, source_id))
+
+    def _add_row(self, row: CallRow) -> int:
         with self._store._mutex, sqlite_errors(self._store.db_path, writer=True):
             self._writable()
-            row = self._call_row(**args)
+            values = self._call_row(row)
             self._store._begin()
-            self._store._conn.execute(_INSERT_CALL, row)
-        return row[0]
+            self._store._conn.execute(_insert_sql(values), values)
+        return values["id"]
 
     def add_calls(self, calls: Iterable[Mapping[str, Any]]) -> list[int]:
         """Add many calls at once (each a dict of `add_call` arguments); all or none are added."""
@@ -346,7 +320,7 @@ class StepWriter:
                             f"calls[{i}] has {what}; see StepWriter.add_call for the fields"
                         )
                     try:
-                        rows.append(self._call_row(**call))
+                        rows.append(self._call_row(CallRow(**call)))
                     except InvalidRecordError as exc:
                         raise InvalidRecordError(f"calls[{i}]: {exc}") from None
                     except StepError as exc:
@@ -354,7 +328,8 @@ class StepWriter:
                 store._begin()
                 store._conn.execute("SAVEPOINT add_calls")
                 try:
-                    store._conn.executemany(_INSERT_CALL, rows)
+                    if rows:
+                        store._conn.executemany(_insert_sql(rows[0]), rows)
                 except BaseException:
                     store._conn.execute("ROLLBACK TO add_calls")
                     raise
@@ -363,83 +338,58 @@ class StepWriter:
             except BaseException:
                 self._episodes, self._reserved, store._last_ids["calls"] = saved
                 raise
-        return [row[0] for row in rows]
+        return [row["id"] for row in rows]
 
-    def _call_row(
-        self,
-        episode_id: int,
-        role: str,
-        *,
-        call_id: int | None = None,
-        parent_id: int | None = None,
-        policy: str | None = None,
-        position: int | None = None,
-        prompt_ids: Any = None,
-        completion_ids: Any = None,
-        logprobs: Any = None,
-        mask: Any = None,
-        prompt_text: str | None = None,
-        completion_text: str | None = None,
-        action: Any = None,
-        tool_calls: Any = None,
-        tool_results: Any = None,
-        rewards: Mapping[str, float] | None = None,
-        advantage: float | None = None,
-        token_advantages: Any = None,
-        policy_version: int | None = None,
-        timings: Mapping[str, Any] | None = None,
-        format_error: str | None = None,
-        source_id: int | None = None,
-    ) -> tuple:
+    def _call_row(self, row: CallRow) -> dict[str, Any]:
+        """The calls table's columns for `row`, validated; only then are a position and an id taken."""
+        episode_id = row.episode_id
         next_position = self._episodes.get(episode_id)
         if next_position is None:
             raise StepError(
                 f"episode {episode_id!r} is not part of step {self.index}; add it with step.add_episode() first"
             )
-        if not isinstance(role, str) or not role:
+        if not isinstance(row.role, str) or not row.role:
             raise InvalidRecordError(
-                f"call role must be a non-empty string (a role of the topology), got {role!r}"
+                f"call role must be a non-empty string (a role of the topology), got {row.role!r}"
             )
-        prompt = encode_ids(prompt_ids, "prompt_ids")
-        completion = encode_ids(completion_ids, "completion_ids")
+        prompt = encode_ids(row.prompt_ids, "prompt_ids")
+        completion = encode_ids(row.completion_ids, "completion_ids")
         n_completion = None if completion is None else len(completion) // IDS_DTYPE.itemsize
-        logp = encode_floats(logprobs, "logprobs")
-        owners = encode_mask(mask, "mask")
-        token_adv = encode_floats(token_advantages, "token_advantages")
-        _check_len(logp, FLOAT_DTYPE.itemsize, "logprobs", n_completion)
-        _check_len(owners, MASK_DTYPE.itemsize, "mask", n_completion)
-        _check_len(token_adv, FLOAT_DTYPE.itemsize, "token_advantages", n_completion)
-        rest = (
-            _opt_int(parent_id, "parent_id"),
-            role,
-            _opt_str(policy, "policy"),
-        )
-        tail = (
-            _opt_int(self.policy_version if policy_version is None else policy_version, "policy_version"),
-            None if prompt is None else len(prompt) // IDS_DTYPE.itemsize,
-            n_completion,
-            None if advantage is None else as_number(advantage, "advantage"),
-            rewards_json(rewards),
-            dumps(timings, "timings"),
-            _opt_str(format_error, "format_error"),
-            dumps(action, "action"),
-            dumps(tool_calls, "tool_calls"),
-            dumps(tool_results, "tool_results"),
-            _display_text(prompt_text, "prompt_text"),
-            _display_text(completion_text, "completion_text"),
-            prompt,
-            completion,
-            logp,
-            owners,
-            token_adv,
-            _opt_int(source_id, "source_id"),
+        columns = {
+            "logprobs": encode_floats(row.logprobs, "logprobs"),
+            "mask": encode_mask(row.mask, "mask"),
+            "token_advantages": encode_floats(row.token_advantages, "token_advantages"),
+        }
+        _check_len(columns["logprobs"], FLOAT_DTYPE.itemsize, "logprobs", n_completion)
+        _check_len(columns["mask"], MASK_DTYPE.itemsize, "mask", n_completion)
+        _check_len(columns["token_advantages"], FLOAT_DTYPE.itemsize, "token_advantages", n_completion)
+        policy_version = self.policy_version if row.policy_version is None else row.policy_version
+        columns.update(
+            parent_id=_opt_int(row.parent_id, "parent_id"),
+            role=row.role,
+            policy=_opt_str(row.policy, "policy"),
+            policy_version=_opt_int(policy_version, "policy_version"),
+            n_prompt=None if prompt is None else len(prompt) // IDS_DTYPE.itemsize,
+            n_completion=n_completion,
+            advantage=None if row.advantage is None else as_number(row.advantage, "advantage"),
+            rewards=rewards_json(row.rewards),
+            timings=dumps(row.timings, "timings"),
+            format_error=_opt_str(row.format_error, "format_error"),
+            action=dumps(row.action, "action"),
+            tool_calls=dumps(row.tool_calls, "tool_calls"),
+            tool_results=dumps(row.tool_results, "tool_results"),
+            prompt_text=_display_text(row.prompt_text, "prompt_text"),
+            completion_text=_display_text(row.completion_text, "completion_text"),
+            prompt_ids=prompt,
+            completion_ids=completion,
+            source_id=_opt_int(row.source_id, "source_id"),
         )
         # Everything is valid: only now take a position and an id.
-        position = next_position if position is None else _opt_int(position, "position")
-        if call_id is None:
+        position = next_position if row.position is None else _opt_int(row.position, "position")
+        if row.call_id is None:
             call_id = self._store._next_id("calls")
         else:
-            call_id = _opt_int(call_id, "call_id")
+            call_id = _opt_int(row.call_id, "call_id")
             if call_id not in self._reserved:
                 raise InvalidRecordError(
                     f"call_id {call_id} was not reserved in this step (or was already used); "
@@ -447,7 +397,13 @@ class StepWriter:
                 )
             self._reserved.discard(call_id)
         self._episodes[episode_id] = max(next_position, position + 1)
-        return (call_id, self.index, int(episode_id), *rest, position, *tail)
+        return {
+            "id": call_id,
+            "step": self.index,
+            "episode_id": int(episode_id),
+            "position": position,
+            **columns,
+        }
 
     def update_call(self, call_id: int, **fields: Any) -> None:
         """Set fields of a call written in this step (e.g. rewards and advantages once known).
@@ -549,5 +505,6 @@ class StepWriter:
         return f"StepWriter(step={self.index}, {self._state}, episodes={len(self._episodes)})"
 
 
-#: Keys accepted by add_call / add_calls (the parameters of add_call).
-CALL_FIELDS = frozenset(inspect.signature(StepWriter._call_row).parameters) - {"self"}
+def _insert_sql(columns: Mapping[str, Any]) -> str:
+    """The INSERT of a call whose column values are `columns` (named parameters)."""
+    return f"INSERT INTO calls ({', '.join(columns)}) VALUES ({', '.join(':' + c for c in columns)})"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .codec import ArrayFormat
 from .errors import InvalidRecordError
@@ -19,14 +19,12 @@ from .errors import InvalidRecordError
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .reader import RunReader
-
 #: Tables that can be tailed and the increasing key each is followed by.
 TAILABLE = {"calls": "id", "metrics": "id", "events": "id", "steps": "step"}
 
 
 def tail(
-    reader: RunReader,
+    reader: Any,
     table: str = "calls",
     since_id: int | None = None,
     poll_interval: float = 0.2,
@@ -35,7 +33,8 @@ def tail(
     batch_size: int = 1000,
     arrays: ArrayFormat = "numpy",
 ) -> Iterator[pd.DataFrame]:
-    """Yield DataFrames of rows of `table` whose key is greater than `since_id` (None: from the start).
+    """Yield DataFrames of rows of `table` of `reader` (a RunReader, which imports this module) whose key is
+    greater than `since_id` (None: from the start).
 
     Polls every `poll_interval` seconds; stops once `timeout` seconds pass without a new row
     (None: never - break out of the loop to stop; 0: yield what is there now, then stop). Pass `reader.last_id(table)` as `since_id` to

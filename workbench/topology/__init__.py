@@ -1,5 +1,6 @@
 """Topology specs: the one description of a multi-agent system that every part of the workbench reads."""
 
+from workbench.topology import diagram
 from workbench.topology.io import from_dict, from_yaml, json_schema, library, load, to_dict, to_json, to_yaml
 from workbench.topology.spec import (
     END,
@@ -18,6 +19,11 @@ from workbench.topology.spec import (
     Topology,
 )
 from workbench.topology.validate import Problem, TopologyError, check, validate
+
+# A Topology shows as its diagram in a notebook. The hooks are set where spec and diagram meet: the spec is
+# plain data and imports no drawing, the diagram imports the spec.
+Topology._repr_svg_ = diagram.to_svg
+Topology._repr_html_ = diagram.notebook_html
 
 __all__ = [
     "END",

@@ -540,6 +540,11 @@ def to_html(topology: Topology, standalone: bool = True) -> str:
     )
 
 
+def notebook_html(topology: Topology) -> str:
+    """The diagram as a fragment of a notebook's output (a Topology's ``_repr_html_``)."""
+    return to_html(topology, standalone=False)
+
+
 def save(topology: Topology, path: str | Path) -> Path:
     """Write the diagram to ``path`` (``.svg``, ``.html`` or ``.htm``), atomically; returns the path."""
     path = Path(path)

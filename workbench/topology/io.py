@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from workbench.topology.spec import Topology
 from workbench.topology.validate import (
+    Checks,
     Problem,
     TopologyError,
     problems_despite_types,
@@ -27,8 +28,9 @@ def library() -> list[str]:
     return sorted(p.stem for p in LIBRARY.glob("*.yaml"))
 
 
-def from_dict(data: Any, name: str = "topology") -> Topology:
-    """Build and validate a topology from plain data."""
+def from_dict(data: Any, name: str = "topology", *, checks: Checks | None = None) -> Topology:
+    """Build and validate a topology from plain data: its types, then ``checks`` (default: the spec's own,
+    ``check``; ``workbench.engine.spec_checks`` adds the registries')."""
     if not isinstance(data, dict):
         raise TopologyError(
             name, [Problem("(top level)", "a topology is a mapping with name, roles and flow")]
@@ -38,13 +40,13 @@ def from_dict(data: Any, name: str = "topology") -> Topology:
     except ValidationError as e:
         given = data.get("name")  # the spec's own name if it has a readable one (it may be garbage)
         title = given if isinstance(given, str) and given.strip() else name
-        problems = problems_from_pydantic(e) + problems_despite_types(data, e)  # every problem at once
+        problems = problems_from_pydantic(e) + problems_despite_types(data, e, checks=checks)  # all at once
         raise TopologyError(title if len(title) <= 100 else title[:100] + "...", problems) from None
-    return validate(topology)
+    return validate(topology, checks)
 
 
-def load(source: str | Path) -> Topology:
-    """Load a topology by built-in name, or from a YAML/JSON file."""
+def load(source: str | Path, *, checks: Checks | None = None) -> Topology:
+    """Load a topology by built-in name, or from a YAML/JSON file (validated as :func:`from_dict` does)."""
     path = Path(source)
     if not path.exists() and str(source) in library():
         path = LIBRARY / f"{source}.yaml"
@@ -58,17 +60,17 @@ def load(source: str | Path) -> Topology:
         raise TopologyError(path.name, [Problem("(file)", f"not UTF-8 text: {e}")]) from None
     except IsADirectoryError:
         raise TopologyError(path.name, [Problem("(file)", "a directory, not a YAML/JSON file")]) from None
-    return _parse(text, path.stem, path.name)
+    return _parse(text, path.stem, path.name, checks)
 
 
-def _parse(text: str, name: str, source: str) -> Topology:
+def _parse(text: str, name: str, source: str, checks: Checks | None) -> Topology:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise TopologyError(source, [Problem("(file)", f"not valid YAML: {e}")]) from None
     except RecursionError:  # PyYAML composes recursively: thousands of nested brackets overflow it
         raise TopologyError(source, [Problem("(file)", "not valid YAML: nested too deeply")]) from None
-    return from_dict(data, name=name)
+    return from_dict(data, name=name, checks=checks)
 
 
 def to_dict(topology: Topology) -> dict[str, Any]:
@@ -79,9 +81,9 @@ def to_yaml(topology: Topology) -> str:
     return yaml.dump(to_dict(topology), Dumper=SafeDumper, sort_keys=False, allow_unicode=True, width=100)
 
 
-def from_yaml(text: str) -> Topology:
+def from_yaml(text: str, *, checks: Checks | None = None) -> Topology:
     """Build and validate a topology from YAML (or JSON) text; bad YAML is a ``TopologyError`` too."""
-    return _parse(text, "topology", "topology")
+    return _parse(text, "topology", "topology", checks)
 
 
 def to_json(topology: Topology) -> str:

@@ -357,12 +357,11 @@ class Topology(_Spec):
         default_factory=dict, description="Flows run with a fresh context, e.g. an agent exposed as a tool."
     )
 
-    def _repr_svg_(self) -> str:
-        from workbench.topology.diagram import to_svg
 
-        return to_svg(self)
-
-    def _repr_html_(self) -> str:
-        from workbench.topology.diagram import to_html
-
-        return to_html(self, standalone=False)
+def with_sampling(topology: Topology, **overrides: Any) -> Topology:
+    """A copy of ``topology`` whose roles all sample with ``overrides`` (temperature, top_p, max_tokens)."""
+    roles = {
+        name: role.model_copy(update={"sampling": role.sampling.model_copy(update=overrides)})
+        for name, role in topology.roles.items()
+    }
+    return topology.model_copy(update={"roles": roles})

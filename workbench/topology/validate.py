@@ -1,20 +1,22 @@
-"""Checks a topology beyond its types, naming the path of each problem and how to fix it."""
+"""Checks a topology beyond its types, naming the path of each problem and how to fix it.
+
+These are the checks the spec alone answers: names, references between its parts, the shape of its flows.
+Checks that need the engine's registries (parsers, protocols, templates, verifiers, tool kinds) are
+``workbench.engine.spec_checks``; they pass their full check in as ``checks`` so that every problem is
+still reported at once.
+"""
 
 from __future__ import annotations
 
 import difflib
 import re
 import typing
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import jinja2
-import jinja2.meta
 from pydantic import ValidationError
 
-from workbench.engine.parsers import PARSERS, POSTPROCESS, VERDICT_PARSERS
-from workbench.engine.templating import templates
 from workbench.topology.spec import (
     END,
     AgentNode,
@@ -27,15 +29,6 @@ from workbench.topology.spec import (
     Topology,
 )
 
-# Variables every episode starts with; inside a routed or agent tool, its call's ``arguments`` too.
-EPISODE_VARIABLES = frozenset({"question", "task", "arguments"})
-PROTOCOLS = frozenset({"json_tool_call", "mcp_xml", "tags"})
-# Names a node's bind expressions can read.
-OUTPUT_VARIABLES = frozenset({"text", "parsed", "raw", "finish_reason", "format_error", "answer"})
-
-_env = jinja2.Environment()
-_env.filters.update(templates.filters)
-
 
 @dataclass(frozen=True)
 class Problem:
@@ -44,6 +37,9 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}"
+
+
+Checks = Callable[[Topology], list[Problem]]  # a check of a whole spec: every problem it finds
 
 
 class TopologyError(ValueError):
@@ -58,7 +54,7 @@ class TopologyError(ValueError):
 _NODE_TAGS = {"call", "agent", "map", "dag"}
 
 
-def _unknown(what: str, name: str, known: Iterable[str], fix: str) -> str:
+def unknown(what: str, name: str, known: Iterable[str], fix: str) -> str:
     """``unknown <what> '<name>'``, the closest known name if one is close, and how to fix it."""
     near = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=0.6)
     hint = f" (did you mean '{near[0]}'?)" if near else ""
@@ -68,7 +64,7 @@ def _unknown(what: str, name: str, known: Iterable[str], fix: str) -> str:
 _PLAIN_NAME = re.compile(r"[^\s.\[\]'\"]+(?: [^\s.\[\]'\"]+)*")
 
 
-def _at(parent: str, name: Any) -> str:
+def at(parent: str, name: Any) -> str:
     """The path of ``name`` in the mapping at ``parent``: ``roles.solver``, or ``roles[' ']`` for a name that
     would not read as one (empty, blank, with dots, brackets or control characters)."""
     if isinstance(name, int):
@@ -84,17 +80,21 @@ def data_path(loc: tuple[Any, ...]) -> list[Any]:
     return [p for i, p in enumerate(loc) if not (i >= 2 and loc[i - 2] == "nodes" and p in _NODE_TAGS)]
 
 
-def problems_despite_types(data: dict[str, Any], error: ValidationError, rounds: int = 3) -> list[Problem]:
+def problems_despite_types(
+    data: dict[str, Any], error: ValidationError, rounds: int = 3, checks: Checks | None = None
+) -> list[Problem]:
     """The cross-field problems of ``data`` that a type error hid: the badly typed or unknown fields are left
-    out (their defaults stand in), and the rest is checked as a whole. None where a required field is the
-    problem, or leaving fields out does not give a spec."""
+    out (their defaults stand in), and the rest is checked as a whole (by ``checks``, default :func:`check`).
+    None where a required field is the problem, or leaving fields out does not give a spec."""
     try:
-        return _problems_despite_types(data, error, rounds)
+        return _problems_despite_types(data, error, rounds, checks or check)
     except (RecursionError, ValueError, TypeError):
         return []  # a spec too broken to check further: its type errors stand
 
 
-def _problems_despite_types(data: dict[str, Any], error: ValidationError, rounds: int) -> list[Problem]:
+def _problems_despite_types(
+    data: dict[str, Any], error: ValidationError, rounds: int, checks: Checks
+) -> list[Problem]:
     import copy
 
     pruned, removed = copy.deepcopy(data), []
@@ -115,14 +115,14 @@ def _problems_despite_types(data: dict[str, Any], error: ValidationError, rounds
             error = again
             continue
         left_out = {_path_text(path) for path in removed}
-        return [p for p in check(topology) if not any(p.path.startswith(q) for q in left_out)]
+        return [p for p in checks(topology) if not any(p.path.startswith(q) for q in left_out)]
     return []
 
 
 def _path_text(path: list[Any]) -> str:
     text = ""
     for part in path:
-        text = _at(text, part)
+        text = at(text, part)
     return text
 
 
@@ -142,7 +142,7 @@ def problems_from_pydantic(error: ValidationError) -> list[Problem]:
             message += f" (did you mean '{near[0]}'?)" if near else ""
         path = ""
         for p in loc:
-            path = _at(path, p)
+            path = at(path, p)
         if below:
             path = f"{path}{'' if below.startswith('[') else '.'}{below}"
         out.append(Problem(path or "(top level)", message))
@@ -183,183 +183,81 @@ def _model_in(kind: Any, part: Any) -> Any:
     return _model_in(models[0], part) if len(models) == 1 else None
 
 
-def _variables(source: str, path: str, problems: list[Problem], expression: bool) -> set[str]:
-    try:
-        text = "{{ " + source + " }}" if expression else source
-        return set(jinja2.meta.find_undeclared_variables(_env.parse(text)))
-    except jinja2.TemplateSyntaxError as e:
-        problems.append(Problem(path, f"Jinja2 syntax error: {e.message}; fix the template or expression"))
-    except RecursionError:  # Jinja2 parses recursively: thousands of nested brackets or blocks overflow it
-        problems.append(
-            Problem(path, "nested too deeply for Jinja2 to parse; simplify the template or expression")
-        )
-    return set()
-
-
-def _provided(topology: Topology) -> set[str]:
-    """Every variable some flow, subflow, fan-out or route can set."""
-    provided = set(EPISODE_VARIABLES) | set(topology.params)
-    for flow in [topology.flow, *topology.subflows.values()]:
-        provided |= set(flow.inputs)
-        for node in flow.nodes.values():
-            provided |= set(getattr(node, "bind", {}))
-            if isinstance(node, MapNode):
-                provided |= {node.item, node.into}
-            if isinstance(node, DagNode):
-                provided.add(node.into)
-    provided |= {t.route.variable for t in topology.tools.values() if t.route is not None}
-    return provided
-
-
 def check(topology: Topology) -> list[Problem]:
-    """Every problem in ``topology`` beyond what its types already guarantee."""
+    """Every problem in ``topology`` that the spec alone shows, beyond what its types already guarantee."""
     problems: list[Problem] = []
     roles = topology.roles
-    provided = _provided(topology)
     named = {"policies": topology.policies, "roles": roles, "tools": topology.tools}
     named |= {"subflows": topology.subflows, "flow.nodes": topology.flow.nodes}
-    named |= {_at(_at("subflows", n), "nodes"): f.nodes for n, f in topology.subflows.items()}
+    named |= {at(at("subflows", n), "nodes"): f.nodes for n, f in topology.subflows.items()}
     for where, mapping in named.items():
         for name in mapping:
             if not name.strip():
-                problems.append(Problem(_at(where, name), "a name must not be empty or blank; rename it"))
+                problems.append(Problem(at(where, name), "a name must not be empty or blank; rename it"))
 
     for name, role in roles.items():
-        base = _at("roles", name)
+        base = at("roles", name)
         if role.policy not in topology.policies:
             problems.append(
                 Problem(
                     f"{base}.policy",
-                    _unknown("policy", role.policy, topology.policies, "declare it under policies"),
+                    unknown("policy", role.policy, topology.policies, "declare it under policies"),
                 )
             )
-        if role.parser is not None and role.parser not in PARSERS:
-            problems.append(
-                Problem(
-                    f"{base}.parser",
-                    _unknown("parser", role.parser, PARSERS, f"known: {', '.join(sorted(PARSERS))}"),
-                )
-            )
-        for i, step in enumerate(role.postprocess):
-            if step not in POSTPROCESS:
-                known = ", ".join(sorted(POSTPROCESS))
-                problems.append(
-                    Problem(
-                        f"{base}.postprocess[{i}]",
-                        _unknown("post-processor", step, POSTPROCESS, f"known: {known}"),
-                    )
-                )
-        for i, message in enumerate(role.messages):
-            path = f"{base}.messages[{i}].content"
-            for var in sorted(_variables(message.content, path, problems, expression=False) - provided):
-                problems.append(
-                    Problem(path, f"template variable '{var}' is provided by nothing; bind it in a flow node")
-                )
         if not role.messages:
             problems.append(Problem(f"{base}.messages", "a role needs at least one message"))
-        if role.prefill:
-            if role.mode != "raw":
-                problems.append(
-                    Problem(
-                        f"{base}.prefill",
-                        "a prefill needs mode: raw (chat turns are re-rendered by the template)",
-                    )
+        if role.prefill and role.mode != "raw":
+            problems.append(
+                Problem(
+                    f"{base}.prefill",
+                    "a prefill needs mode: raw (chat turns are re-rendered by the template)",
                 )
-            for var in sorted(
-                _variables(role.prefill, f"{base}.prefill", problems, expression=False) - provided
-            ):
-                problems.append(
-                    Problem(
-                        f"{base}.prefill",
-                        f"template variable '{var}' is provided by nothing; bind it in a flow node",
-                    )
-                )
+            )
         problems += _check_reward(base, role)
 
     for name, tool in topology.tools.items():
-        base = _at("tools", name)
-        if tool.kind == "agent":
-            if tool.subflow not in topology.subflows:
-                problems.append(
-                    Problem(
-                        f"{base}.subflow",
-                        _unknown(
-                            "subflow",
-                            tool.subflow,
-                            topology.subflows,
-                            f"use one of {sorted(topology.subflows)}",
-                        ),
-                    )
+        base = at("tools", name)
+        if tool.kind == "agent" and tool.subflow not in topology.subflows:
+            problems.append(
+                Problem(
+                    f"{base}.subflow",
+                    unknown(
+                        "subflow",
+                        tool.subflow,
+                        topology.subflows,
+                        f"use one of {sorted(topology.subflows)}",
+                    ),
                 )
-            for var, expr in tool.inputs.items():
-                _variables(expr, f"{base}.inputs.{var}", problems, expression=True)
-            for var, expr in tool.outputs.items():
-                _variables(expr, f"{base}.outputs.{var}", problems, expression=True)
-        else:
-            kinds = _tool_kinds()
-            if kinds and tool.kind not in kinds:
-                problems.append(
-                    Problem(
-                        f"{base}.kind",
-                        _unknown("tool kind", tool.kind, kinds, f"known: agent, {', '.join(kinds)}"),
-                    )
-                )
+            )
         if tool.route is not None and tool.route.via not in roles:
             problems.append(
                 Problem(
                     f"{base}.route.via",
-                    _unknown("role", tool.route.via, roles, f"use one of {sorted(roles)}"),
+                    unknown("role", tool.route.via, roles, f"use one of {sorted(roles)}"),
                 )
             )
         problems += _check_secrets(f"{base}.options", tool.options)
 
-    _check_flow(topology, "flow", topology.flow, provided, problems)
+    _check_flow(topology, "flow", topology.flow, problems)
     for name, flow in topology.subflows.items():
-        _check_flow(topology, _at("subflows", name), flow, provided, problems)
+        _check_flow(topology, at("subflows", name), flow, problems)
     return problems
 
 
 def _check_reward(base: str, role: Role) -> list[Problem]:
-    from workbench.rewards import VERIFIERS
-
     rule, out = role.reward, []
-    if rule.verifier is not None and rule.verifier not in VERIFIERS:
-        known = ", ".join(sorted(VERIFIERS))
+    if rule.judge is not None and rule.kind not in ("outcome", "answer"):
         out.append(
             Problem(
-                f"{base}.reward.verifier", _unknown("verifier", rule.verifier, VERIFIERS, f"known: {known}")
+                f"{base}.reward.judge",
+                f"a judge scores answers; it needs kind outcome or answer, not {rule.kind}",
             )
         )
-    if rule.judge is not None:
-        from workbench.rewards.judge import JUDGE_PROMPTS
-
-        if rule.judge not in JUDGE_PROMPTS:
-            known = ", ".join(JUDGE_PROMPTS)
-            out.append(
-                Problem(
-                    f"{base}.reward.judge",
-                    _unknown("judge prompt", rule.judge, JUDGE_PROMPTS, f"known: {known}"),
-                )
-            )
-        if rule.kind not in ("outcome", "answer"):
-            out.append(
-                Problem(
-                    f"{base}.reward.judge",
-                    f"a judge scores answers; it needs kind outcome or answer, not {rule.kind}",
-                )
-            )
     if rule.balance == "verdicts" and rule.kind != "verdict":
         out.append(
             Problem(
                 f"{base}.reward.balance",
                 f"balance verdicts weighs what a verdict judged; it needs kind verdict, not {rule.kind}",
-            )
-        )
-    if rule.kind == "verdict" and role.parser not in VERDICT_PARSERS:
-        out.append(
-            Problem(
-                f"{base}.reward.kind",
-                "a verdict reward reads a verdict parser's output; set parser: verdict or yes_no",
             )
         )
     return out
@@ -396,26 +294,16 @@ def _check_secrets(base: str, options: dict[str, Any]) -> list[Problem]:
     return problems
 
 
-def _tool_kinds() -> list[str]:
-    try:
-        from workbench.tools import TOOL_KINDS
-    except ImportError:  # tools not installed in this build: skip the check
-        return []
-    return sorted(TOOL_KINDS)
-
-
-def _check_flow(
-    topology: Topology, where: str, flow: Flow, provided: set[str], problems: list[Problem]
-) -> None:
+def _check_flow(topology: Topology, where: str, flow: Flow, problems: list[Problem]) -> None:
     roles = topology.roles
     if flow.start not in flow.nodes:
         problems.append(
             Problem(
-                f"{where}.start", _unknown("node", flow.start, flow.nodes, f"use one of {sorted(flow.nodes)}")
+                f"{where}.start", unknown("node", flow.start, flow.nodes, f"use one of {sorted(flow.nodes)}")
             )
         )
     for name, node in flow.nodes.items():
-        base = _at(f"{where}.nodes", name)
+        base = at(f"{where}.nodes", name)
         if name == END:
             problems.append(Problem(base, f"'{END}' is reserved for the end of an episode; rename the node"))
         role_field, role_name = _role_of(node)
@@ -428,13 +316,12 @@ def _check_flow(
                 )
             )
         if isinstance(node, DagNode):
-            _variables(node.dag, f"{base}.dag", problems, expression=True)
             for agent, subflow in node.agents.items():
                 if subflow not in topology.subflows:
                     problems.append(
                         Problem(
                             f"{base}.agents.{agent}",
-                            _unknown(
+                            unknown(
                                 "subflow",
                                 subflow,
                                 topology.subflows,
@@ -445,7 +332,7 @@ def _check_flow(
         elif role_name not in roles:
             problems.append(
                 Problem(
-                    f"{base}.{role_field}", _unknown("role", role_name, roles, f"use one of {sorted(roles)}")
+                    f"{base}.{role_field}", unknown("role", role_name, roles, f"use one of {sorted(roles)}")
                 )
             )
         if isinstance(node, AgentNode):
@@ -454,41 +341,17 @@ def _check_flow(
                     problems.append(
                         Problem(
                             f"{base}.tools[{i}]",
-                            _unknown("tool", tool, topology.tools, "declare it under tools"),
+                            unknown("tool", tool, topology.tools, "declare it under tools"),
                         )
                     )
-            if node.protocol not in PROTOCOLS:
-                problems.append(
-                    Problem(
-                        f"{base}.protocol",
-                        _unknown(
-                            "protocol", node.protocol, PROTOCOLS, f"known: {', '.join(sorted(PROTOCOLS))}"
-                        ),
-                    )
-                )
-            else:
-                problems += _check_protocol(f"{base}.protocol_options", node)
-            if node.final_prompt is not None:
-                _variables(node.final_prompt, f"{base}.final_prompt", problems, expression=False)
-        if isinstance(node, MapNode):
-            _variables(node.over, f"{base}.over", problems, expression=True)
-        for var, expr in getattr(node, "bind", {}).items():
-            path = f"{base}.bind.{var}"
-            readable = OUTPUT_VARIABLES | provided
-            for unknown in sorted(_variables(expr, path, problems, expression=True) - readable):
-                problems.append(Problem(path, f"expression reads '{unknown}', which nothing provides"))
         for i, branch in enumerate(node.next):
             if branch.goto != END and branch.goto not in flow.nodes:
                 problems.append(
                     Problem(
                         f"{base}.next[{i}].goto",
-                        _unknown("node", branch.goto, flow.nodes, f"use a node name or '{END}'"),
+                        unknown("node", branch.goto, flow.nodes, f"use a node name or '{END}'"),
                     )
                 )
-            if branch.when is not None:
-                path = f"{base}.next[{i}].when"
-                for unknown in sorted(_variables(branch.when, path, problems, expression=True) - provided):
-                    problems.append(Problem(path, f"condition reads '{unknown}', which nothing provides"))
         if not node.next:
             problems.append(Problem(f"{base}.next", f"a node needs at least one branch (use goto: {END})"))
         always = next((i for i, b in enumerate(node.next) if b.when is None), None)
@@ -500,47 +363,13 @@ def _check_flow(
                     "put the unconditional branch last",
                 )
             )
-    _variables(flow.answer, f"{where}.answer", problems, expression=False)
 
     reachable = _reachable(flow)
     for name in flow.nodes:
         if name not in reachable and flow.start in flow.nodes:
             problems.append(
-                Problem(_at(f"{where}.nodes", name), "unreachable from start; connect it or remove it")
+                Problem(at(f"{where}.nodes", name), "unreachable from start; connect it or remove it")
             )
-
-
-def _check_protocol(path: str, node: AgentNode) -> list[Problem]:
-    """Options the node's protocol does not take, lacks, or cannot use (the engine builds it from them)."""
-    from workbench.engine.protocols import make_protocol
-
-    options = node.protocol_options
-    try:
-        make_protocol(node.protocol, **options)
-    except (TypeError, ValueError) as e:
-        message = re.sub(r"^[\w.]*\(\) ", "", str(e))  # "Tags.__init__() got ..." -> "got ..."
-        return [Problem(path, f"{message}; see workbench.engine.protocols for the {node.protocol} options")]
-    out = [
-        Problem(f"{path}.{key}", f"must be a string, not {type(value).__name__}")
-        for key, value in options.items()
-        if not isinstance(value, str)
-    ]
-    out += [
-        Problem(f"{path}.{key}", "must not be empty: the protocol finds calls by it")
-        for key in ("begin", "end")
-        if options.get(key) == ""
-    ]
-    tool = options.get("tool")
-    if (
-        isinstance(tool, str) and tool not in node.tools
-    ):  # the tool the tags call must be one the node may call
-        out.append(
-            Problem(
-                f"{path}.tool",
-                _unknown("tool", tool, node.tools, f"list it in the node's tools {node.tools}"),
-            )
-        )
-    return out
 
 
 def _role_of(node: CallNode | AgentNode | MapNode | DagNode) -> tuple[str, str]:
@@ -566,9 +395,10 @@ def _reachable(flow: Flow) -> set[str]:
     return seen
 
 
-def validate(topology: Topology) -> Topology:
-    """Return ``topology`` if valid, else raise ``TopologyError`` listing every problem."""
-    problems = check(topology)
+def validate(topology: Topology, checks: Checks | None = None) -> Topology:
+    """Return ``topology`` if valid, else raise ``TopologyError`` listing every problem that ``checks``
+    (default :func:`check`) finds."""
+    problems = (checks or check)(topology)
     if problems:
         raise TopologyError(topology.name, problems)
     return topology

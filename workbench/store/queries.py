@@ -1,40 +1,40 @@
-"""Server-side queries of the trajectory views: each answers one page or one episode, never a whole run.
+"""Named read queries of the dashboard over one run: each answers one page, one episode, one call or what
+changed, never a whole run.
 
 Every function takes a read-only ``RunReader`` and runs a few indexed SQL queries, so a run with 100k
 calls answers about as fast as a small one (``python -m tests.perf.bench_dashboard_queries``):
 
-    steps(reader)                           # one row per step: episodes, calls, mean episode reward
-    roles(reader)                           # the roles that have calls, for the role filter
+    step_list(reader)                       # one row per step: episodes, calls, mean episode reward
+    role_list(reader)                       # the roles that have calls, for a role filter
     episodes_page(reader, step, page, size, EpisodeFilter(role="verifier1", search="Wrong"))
     call_tree(reader, episode_id)           # the episode's calls nested by parent, no token arrays
-    call_tokens(reader, call_id)            # one call's prompt and completion token by token
+    call_detail(reader, call_id)            # one call's token ids, owners, logprobs and texts
+    data_version(reader)                    # moves whenever another connection commits
+    metrics_since(reader, last_id)          # the metric rows of complete steps past an id
+    complete_totals(reader)                 # the last complete step and the calls of complete steps
 
-Indexes used (``workbench/store/schema.py``): ``episodes_by_step`` for a step's episodes and their
-count, ``calls_by_episode`` for an episode's calls (the tree, the per-episode filters and counts),
+Indexes used (``schema.py``): ``episodes_by_step`` for a step's episodes and their count,
+``calls_by_episode`` for an episode's calls (the tree, the per-episode filters and counts),
 ``calls_by_step`` (covering) for the calls per step, ``calls_by_role`` for the roles list. The text
 search has no index: it reads the prompt and completion text of the calls of the step it searches.
-
-Token text comes from the run's tokenizer (the config's ``model``, resolved through
-``workbench.models``, loaded once per model); where none can be loaded, a token shows as ``⟨id⟩``.
 """
 
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 import pandas as pd
 
-from workbench.store import RunReader, TokenOwner
+from .codec import TokenOwner
+from .reader import RunReader
 
 PAGE_SIZE = 50
 #: Longest error text an episode row carries (the full text is in the store).
 ERROR_PREVIEW = 200
-#: Characters of a call's completion shown next to its role in the tree.
+#: Characters of a call's completion a call tree node carries as its preview.
 PREVIEW_CHARS = 120
 
 _TREE_COLUMNS = (
@@ -42,7 +42,7 @@ _TREE_COLUMNS = (
     f"rewards, timings, format_error, action, tool_calls, tool_results, substr(completion_text, 1, {PREVIEW_CHARS}) "
     "AS preview"
 )
-_TOKEN_COLUMNS = (
+_DETAIL_COLUMNS = (
     "id, episode_id, role, policy, policy_version, advantage, prompt_text, completion_text, prompt_ids, "
     "completion_ids, logprobs, mask, token_advantages"
 )
@@ -68,6 +68,10 @@ def _float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
+def _list(array: Any, kind: type) -> list | None:
+    return None if array is None else [kind(x) for x in array.tolist()]
+
+
 def _like(text: str) -> str:
     """``text`` as a LIKE pattern matching it anywhere (``%``, ``_`` and ``\\`` taken literally)."""
     escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
@@ -75,7 +79,7 @@ def _like(text: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- steps
-def steps(reader: RunReader) -> pd.DataFrame:
+def step_list(reader: RunReader) -> pd.DataFrame:
     """One row per step (the one being written included): step, status, policy_version, started_at,
     finished_at, episodes, calls and mean_reward (mean episode reward; NaN where none is stored)."""
     return reader.sql(
@@ -87,8 +91,8 @@ def steps(reader: RunReader) -> pd.DataFrame:
     )
 
 
-def roles(reader: RunReader) -> list[str]:
-    """The roles that have calls in the run, sorted (what the role filter offers)."""
+def role_list(reader: RunReader) -> list[str]:
+    """The roles that have calls in the run, sorted (what a role filter offers)."""
     return [str(r) for r in reader.sql("SELECT DISTINCT role FROM calls ORDER BY role")["role"]]
 
 
@@ -138,7 +142,7 @@ class EpisodeFilter:
 
 @dataclass(frozen=True)
 class EpisodePage:
-    """One page of episodes and how many pass the filter in all (for the paginator)."""
+    """One page of episodes and how many pass the filter in all (for a paginator)."""
 
     rows: pd.DataFrame
     total: int
@@ -167,7 +171,7 @@ def episodes_page(
     ``where``, in id order, with the total that pass.
 
     Rows: id, step, task_id, group_key, status, reward, error (its first characters), calls (how
-    many), format_errors (calls with a format error) and roles (the roles that were called).
+    many), format_errors (calls with a format error) and roles (the roles that were called, ", "-joined).
     """
     if page < 0 or size < 1:
         raise ValueError(f"page must be >= 0 and size >= 1, got page={page}, size={size}")
@@ -192,7 +196,7 @@ def episodes_page(
     return EpisodePage(rows=rows, total=total, page=int(page), size=int(size))
 
 
-# ---------------------------------------------------------------------------------------------- call tree
+# ---------------------------------------------------------------------------------------------- calls
 @dataclass
 class CallNode:
     """One call of an episode (no token arrays) and the calls it started (``children``, by position)."""
@@ -263,14 +267,12 @@ def walk(nodes: Sequence[CallNode], depth: int = 0) -> Iterator[tuple[int, CallN
         yield from walk(node.children, depth + 1)
 
 
-# ---------------------------------------------------------------------------------------------- tokens
 @dataclass
-class CallTokens:
-    """One call token by token: ids, their text, owner codes (``TokenOwner``), logprobs and advantages.
+class CallDetail:
+    """One call token by token as stored: ids, owner codes (``TokenOwner``), logprobs and advantages.
 
-    ``owners``, ``logprobs`` and ``token_advantages`` are per completion token; ``logprobs`` and
-    ``token_advantages`` are None where the store holds none. ``decoded`` says whether the texts come
-    from the run's tokenizer (else they are ``⟨id⟩``).
+    ``owners``, ``logprobs`` and ``token_advantages`` are per completion token; ``owners`` is all
+    ``TRAINABLE`` where no mask is stored, ``logprobs`` and ``token_advantages`` are None where none is.
     """
 
     call_id: int
@@ -280,106 +282,60 @@ class CallTokens:
     policy_version: int | None
     advantage: float | None
     prompt_ids: list[int]
-    prompt_tokens: list[str]
     completion_ids: list[int]
-    completion_tokens: list[str]
     owners: list[int]
     logprobs: list[float] | None
     token_advantages: list[float] | None
     prompt_text: str
     completion_text: str
-    decoded: bool
 
 
-def _list(array: Any, kind: type) -> list | None:
-    return None if array is None else [kind(x) for x in array.tolist()]
-
-
-def call_tokens(reader: RunReader, call_id: int, model: str | None = None) -> CallTokens:
-    """The full token detail of one call; ``model`` (default: the run config's) names the tokenizer."""
-    frame = reader.sql(f"SELECT {_TOKEN_COLUMNS} FROM calls WHERE id = ?", [int(call_id)])
+def call_detail(reader: RunReader, call_id: int) -> CallDetail:
+    """The full token detail of one call; KeyError when the run has no call ``call_id``."""
+    frame = reader.sql(f"SELECT {_DETAIL_COLUMNS} FROM calls WHERE id = ?", [int(call_id)])
     if frame.empty:
         raise KeyError(f"no call {call_id} in run {reader.run_id}")
     row = frame.iloc[0]
-    prompt_ids = _list(row["prompt_ids"], int) or []
     completion_ids = _list(row["completion_ids"], int) or []
-    owners = _list(row["mask"], int) or [int(TokenOwner.TRAINABLE)] * len(completion_ids)
-    decoder = token_decoder(run_model(reader) if model is None else model)
-    return CallTokens(
+    return CallDetail(
         call_id=int(row["id"]),
         episode_id=int(row["episode_id"]),
         role=str(row["role"]),
         policy=_value(row["policy"]),
         policy_version=_int(row["policy_version"]),
         advantage=_float(row["advantage"]),
-        prompt_ids=prompt_ids,
-        prompt_tokens=decoder.texts(prompt_ids),
+        prompt_ids=_list(row["prompt_ids"], int) or [],
         completion_ids=completion_ids,
-        completion_tokens=decoder.texts(completion_ids),
-        owners=owners,
+        owners=_list(row["mask"], int) or [int(TokenOwner.TRAINABLE)] * len(completion_ids),
         logprobs=_list(row["logprobs"], float),
         token_advantages=_list(row["token_advantages"], float),
         prompt_text=_value(row["prompt_text"]) or "",
         completion_text=_value(row["completion_text"]) or "",
-        decoded=decoder.tokenizer is not None,
     )
 
 
-def run_model(reader: RunReader) -> str:
-    """The model a run names in its config (``""`` when it names none)."""
-    model = reader.config.get("model")
-    return model if isinstance(model, str) else ""
+# ---------------------------------------------------------------------------------------------- changes
+def data_version(reader: RunReader) -> int:
+    """SQLite's ``PRAGMA data_version`` of the reader's connection: it moves whenever another connection
+    commits, so an unchanged number means nothing new to read."""
+    return int(reader.sql("PRAGMA data_version").iloc[0, 0])
 
 
-class TokenDecoder:
-    """Token ids to their text with one tokenizer, remembering each id's text; ``⟨id⟩`` without one."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self._texts: dict[int, str] = {}
-        self._lock = threading.Lock()
-
-    def texts(self, ids: Sequence[int]) -> list[str]:
-        if self.tokenizer is None:
-            return [f"⟨{i}⟩" for i in ids]
-        with self._lock:
-            missing = sorted({i for i in ids if i not in self._texts})
-            if missing:
-                self._texts.update(zip(missing, self._decode(missing), strict=True))
-            return [self._texts[i] for i in ids]
-
-    def _decode(self, ids: list[int]) -> list[str]:
-        tokenizer = self.tokenizer
-        try:
-            texts = tokenizer.batch_decode([[i] for i in ids], clean_up_tokenization_spaces=False)
-            pieces = tokenizer.convert_ids_to_tokens(ids)
-        except Exception:  # noqa: BLE001 - an id outside the vocabulary: show ids rather than fail
-            return [f"⟨{i}⟩" for i in ids]
-        # SentencePiece tokenizers drop a word's leading space when a token is decoded alone.
-        return [
-            " " + text
-            if isinstance(piece, str) and piece.startswith("▁") and not text.startswith(" ")
-            else text
-            for text, piece in zip(texts, pieces, strict=True)
-        ]
+def metrics_since(reader: RunReader, last_id: int) -> pd.DataFrame:
+    """The metric rows of complete steps with an id past ``last_id``, by id: id, step, role, name, value
+    (role None for run-wide metrics)."""
+    return reader.sql(
+        "SELECT m.id, m.step, m.role, m.name, m.value FROM metrics m "
+        "JOIN steps s ON s.step = m.step WHERE m.id > ? AND s.status = 'complete' ORDER BY m.id",
+        (int(last_id),),
+    )
 
 
-@lru_cache(maxsize=8)
-def token_decoder(model: str) -> TokenDecoder:
-    """The decoder of ``model``'s tokenizer, loaded once per model name (never builds a model that is
-    not already prepared, except the instant ``tiny``); a decoder showing ids where none loads."""
-    return TokenDecoder(_load_tokenizer(model) if model else None)
-
-
-def _load_tokenizer(model: str) -> Any:
-    try:
-        from transformers import AutoTokenizer
-
-        from workbench.models import list_models, resolve
-
-        built_in = {info.name: info for info in list_models()}
-        if model in built_in and not built_in[model].cached and not model.startswith("tiny"):
-            return None  # preparing it means a download and a conversion: not a dashboard's job
-        return AutoTokenizer.from_pretrained(resolve(model))
-    except Exception:  # noqa: BLE001 - a model that cannot be found only costs the token texts
-        return None
+def complete_totals(reader: RunReader) -> tuple[int | None, int]:
+    """The run's last complete step (None before one) and how many calls its complete steps hold."""
+    row = reader.sql(
+        "SELECT max(step) AS last_step, (SELECT count(*) FROM calls WHERE step IN "
+        "(SELECT step FROM steps WHERE status = 'complete')) AS calls "
+        "FROM steps WHERE status = 'complete'"
+    ).iloc[0]
+    return _int(row["last_step"]), int(row["calls"])

@@ -1,0 +1,255 @@
+"""Counterfactual replay: the prefix kept token for token, tools never re-run, the estimate, the stored run."""
+
+import math
+
+import pytest
+from transformers import AutoTokenizer
+
+import workbench as wb
+from tests.scripted import ScriptedBackend
+from workbench.analysis import CallEstimate, Mean
+from workbench.analysis.estimate import means
+from workbench.backends.hf import HFBackend
+from workbench.engine.forcing import ReplayDivergence
+from workbench.models import resolve
+from workbench.store.records import CallRecord, EpisodeRecord
+from workbench.tools import TOOL_KINDS, Tool, ToolResult, register_tool_kind
+
+SEED = 7
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    backend = HFBackend("tiny")
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module")
+def source(tiny, tmp_path_factory):
+    """A debate (5 calls: two openings, two rebuttals side by side, a judge) of the tiny model, seeded per call."""
+    tasks = wb.generate_tasks("arithmetic", n=3, seed=1, level=1)
+    result = wb.rollout(
+        wb.load_topology("debate"),
+        tasks,
+        backend=tiny,
+        max_tokens=6,
+        runs_dir=tmp_path_factory.mktemp("runs"),
+        seed=SEED,
+        per_call_seeds=True,
+    )
+    with wb.RunReader(result.run_dir) as reader:
+        calls = reader.calls(arrays="list")
+    episode = int(calls["episode_id"].iloc[0])
+    return result.run_dir, calls[calls["episode_id"] == episode].sort_values("position")
+
+
+def _call_id(calls, position):
+    return int(calls[calls["position"] == position]["id"].iloc[0])
+
+
+def test_a_replay_from_the_first_call_reproduces_the_stored_episode(tiny, source):
+    run_dir, calls = source
+    result = wb.replay(run_dir, _call_id(calls, 0), n=1, arms=["resample"], backend=tiny)
+    (episode,) = result.arms["resample"]
+    assert not any("replayed_from" in c.timings for c in episode.calls)  # nothing forced: all sampled again
+    assert [c.position for c in episode.calls] == list(calls["position"])
+    for call, (_, stored) in zip(episode.calls, calls.iterrows(), strict=True):
+        assert call.role == stored["role"]
+        assert call.prompt_ids == list(stored["prompt_ids"])
+        assert call.completion_ids == list(stored["completion_ids"])
+        assert call.completion_text == stored["completion_text"]
+        assert call.logprobs == pytest.approx(list(stored["logprobs"]), abs=1e-4)  # other batch shapes
+    with wb.RunReader(run_dir) as reader:
+        assert episode.reward == reader.episodes()["reward"].iloc[0]
+
+
+def test_the_prefix_is_kept_token_for_token_and_the_replay_is_a_run_linked_to_its_source(tiny, source):
+    run_dir, calls = source
+    judge = _call_id(calls, 4)
+    result = wb.replay(run_dir, judge, n=2, backend=tiny)
+    assert set(result.arms) == {"keep", "resample"}
+    for episodes in result.arms.values():
+        for episode in episodes:
+            for call in episode.calls:
+                stored = calls[calls["position"] == call.position].iloc[0]
+                if call.position < 4:
+                    assert call.timings["replayed_from"] == int(stored["id"])
+                    assert call.prompt_ids == list(stored["prompt_ids"])
+                    assert call.completion_ids == list(stored["completion_ids"])
+                    assert call.completion_text == stored["completion_text"]
+                else:  # the judge: same prompt, sampled again (resample) or kept
+                    assert call.prompt_ids == list(stored["prompt_ids"])
+    kept = [e.calls[-1].completion_ids for e in result.arms["keep"]]
+    assert kept == [list(calls["completion_ids"].iloc[4])] * 2
+    with wb.RunReader(result.run_dir) as reader:
+        config = reader.config
+        assert config["kind"] == "replay"
+        assert config["source"]["call_id"] == judge and config["source"]["position"] == 4
+        assert config["source"]["run_dir"] == str(run_dir)
+        assert list(reader.steps()["episodes"]) == [2, 2]  # one step per arm
+        assert list(reader.events(kind="replay_arm")["payload"].map(lambda p: p["arm"])) == [
+            "keep",
+            "resample",
+        ]
+        assert len(reader.calls(step=0)) == 2 * 5
+    assert isinstance(result.estimate, CallEstimate)
+    frame = result.estimate.frame()
+    assert {"q", "v", "advantage", "advantage_se", "grpo_advantage"} <= set(frame.columns)
+    assert frame.loc["episode", "n_q"] == 2
+
+
+def test_a_replacement_text_is_the_calls_completion_and_what_follows_reads_it(tiny, source):
+    run_dir, calls = source
+    text = "The answer is 42 because I say so."
+    result = wb.replay(run_dir, _call_id(calls, 1), n=2, arms=["replace"], replacement=text, backend=tiny)
+    for episode in result.arms["replace"]:
+        debater_b = episode.calls[1]
+        assert debater_b.role == "debater_b" and debater_b.completion_text == text
+        assert debater_b.timings.get("replaced") == 1.0
+        rebuttals = [c for c in episode.calls if c.role == "rebuttal"]
+        assert len(rebuttals) == 2 and all(text in c.prompt_text for c in rebuttals)
+        assert episode.calls[0].completion_ids == list(calls["completion_ids"].iloc[0])
+
+
+def test_a_changed_spec_is_refused_as_a_divergence(tiny, source, monkeypatch):
+    import workbench.analysis.replay as replay_module
+    from workbench.analysis.replay_source import load_source
+    from workbench.engine.spec_checks import from_dict
+
+    run_dir, calls = source
+    changed = load_source(run_dir, _call_id(calls, 2))
+    spec = changed.config["topology"]
+    spec["roles"]["debater_a"]["messages"][0]["content"] = "Changed: {{ question }}"
+    changed.topology = from_dict(spec)
+    monkeypatch.setattr(replay_module, "load_source", lambda *args: changed)
+    with pytest.raises(ReplayDivergence, match=r"call 0 \(debater_a\)"):
+        wb.replay(run_dir, _call_id(calls, 2), n=1, arms=["resample"], backend=tiny)
+
+
+class Counting(Tool):
+    """Returns a long text (longer than the store keeps in ``tool_results``) and counts its runs."""
+
+    name = "count"
+    description = "Counts."
+    parameters = {"type": "object", "properties": {}}
+    runs = 0
+
+    async def __call__(self, **arguments):
+        Counting.runs += 1
+        return ToolResult(ok=True, content="start " + " ".join(f"w{i}" for i in range(900)) + " end")
+
+
+AGENT_SPEC = {
+    "name": "counted",
+    "tools": {"count": {"kind": "counting", "description": "Counts."}},
+    "roles": {
+        "solver": {"messages": [{"role": "user", "content": "{{ question }}"}]},
+        "checker": {"messages": [{"role": "user", "content": "Check: {{ reply }}"}]},
+    },
+    "flow": {
+        "start": "solve",
+        "nodes": {
+            "solve": {
+                "agent": "solver",
+                "tools": ["count"],
+                "bind": {"reply": "text"},
+                "next": [{"goto": "check"}],
+            },
+            "check": {"call": "checker", "bind": {"checked": "text"}},
+        },
+        "answer": "{{ reply }}",
+    },
+}
+
+
+def test_tools_are_replayed_from_the_store_never_run_again(tmp_path):
+    register_tool_kind("counting", Counting, replace=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolve("tiny"))
+
+        def script(prompt: str) -> str:
+            if "Check:" in prompt:
+                return "fine"
+            if prompt.count("<tool_response>") == 0:
+                return '<tool_call>{"name": "count", "arguments": {}}</tool_call>'
+            return "<answer>7</answer>"
+
+        backend = ScriptedBackend(tokenizer, script)
+        task = wb.generate_tasks("arithmetic", n=1, seed=2, level=1)
+        topology = wb.topology_from_dict(AGENT_SPEC)
+        source = wb.rollout(
+            topology, task, backend=backend, runs_dir=tmp_path, seed=SEED, per_call_seeds=True
+        )
+        assert Counting.runs == 1
+        with wb.RunReader(source.run_dir) as reader:
+            calls = reader.calls(arrays="list").sort_values("position")
+        solver = calls.iloc[0]
+        assert solver["tool_results"][0]["text"].endswith("more]")  # the store capped it
+        result = wb.replay(source.run_dir, int(calls.iloc[1]["id"]), n=3, backend=backend)
+        assert Counting.runs == 1, "a replay ran a tool of its prefix again"
+        for episodes in result.arms.values():
+            for episode in episodes:
+                replayed = episode.calls[0]
+                assert replayed.completion_ids == list(solver["completion_ids"])
+                assert replayed.tool_results[0]["text"] == solver["tool_results"][0]["text"]
+        # replaying the agent call itself (resample) runs its tool again, as it should
+        wb.replay(source.run_dir, int(solver["id"]), n=1, arms=["resample"], backend=backend)
+        assert Counting.runs == 2
+    finally:
+        TOOL_KINDS.pop("counting", None)
+
+
+def _episode(reward, roles):
+    calls = [
+        CallRecord(r, "", p, [], [], [], "", "", "stop", "base", 0, True, rewards={"reward": v})
+        for p, (r, v) in enumerate(roles)
+    ]
+    return EpisodeRecord("t", "t", 0, reward=reward, calls=calls)
+
+
+def test_the_estimate_is_q_minus_v_with_the_standard_error_of_a_difference():
+    keep = [_episode(r, [("a", 9.0), ("b", r)]) for r in (1.0, 1.0, 0.0, 1.0)]
+    resample = [_episode(r, [("a", 9.0), ("b", r / 2)]) for r in (0.0, 1.0, 0.0, 0.0)]
+    q, v = means(keep, after=0), means(resample, after=0)
+    assert set(q) == {"episode", "role/b"}  # role a's call is the replayed one (position 0), not after it
+    assert q["episode"].mean == 0.75 and v["episode"].mean == 0.25
+    se_q = math.sqrt(0.25 / 4)  # sample variance of (1, 1, 0, 1) is 0.25
+    assert q["episode"].stderr == pytest.approx(se_q)
+    estimate = CallEstimate(3, "a", q, v, grpo_advantage=0.4)
+    assert estimate.advantage.mean == pytest.approx(0.5)
+    assert estimate.advantage.stderr == pytest.approx(math.hypot(se_q, se_q))
+    frame = estimate.frame()
+    assert frame.loc["role/b", "v"] == pytest.approx(0.125)
+    assert frame.loc["episode", "grpo_advantage"] == 0.4
+    assert math.isnan(Mean.of([1.0]).stderr) and Mean.of([]).n == 0
+
+
+def test_a_training_runs_checkpoint_plays_a_policy(tmp_path):
+    from workbench.rl import checkpoint
+    from workbench.rl.config import TrainConfig
+    from workbench.training import create, run_training
+
+    config = TrainConfig(
+        model="tiny", topology="debate", tasks="arithmetic", task_options={"level": 1},
+        n_tasks=4, steps=1, batch_size=2, group_size=2, max_tokens=6, learning_rate=1e-2, eval_tasks=0,
+        checkpoint_every=1, runs_dir=str(tmp_path),
+    )  # fmt: skip
+    run_dir = create(config)
+    assert run_training(config, run_dir, log=lambda _: None) == "finished"
+    (kept,) = [int(p.name.split("-")[1]) for p in checkpoint.complete(run_dir)]
+    with wb.RunReader(run_dir) as reader:
+        first = reader.calls(columns=["id", "role", "position"]).query("position == 0")
+    call_id, role = int(first["id"].iloc[0]), first["role"].iloc[0]
+
+    def resampled(**policies):
+        result = wb.replay(run_dir, call_id, n=1, arms=["resample"], seed=SEED, policies=policies)
+        (episode,) = result.arms["resample"]
+        return next(c for c in episode.calls if c.role == role), result.run_dir
+
+    base, _ = resampled()
+    trained, replay_dir = resampled(base=f"step:{kept}")
+    assert trained.prompt_ids == base.prompt_ids  # the same state, the same seeds
+    assert trained.logprobs[0] != pytest.approx(base.logprobs[0], abs=1e-6), "the checkpoint's weights played"
+    with wb.RunReader(replay_dir) as reader:
+        assert f"step:{kept}" in str(reader.config["policies"])

@@ -1,0 +1,262 @@
+"""``wb.replay``: re-run a stored episode from one of its calls, N times, and store the replays as a run.
+
+Everything before the call is kept token for token (``workbench.engine.forcing``): the same prompts,
+completions and tool results, tools never re-executed. Each *arm* is N continuations:
+
+- ``resample``: the call and everything after it are sampled again (the parent state's value, V);
+- ``keep``: the call is kept and everything after it is sampled (the call's value, Q);
+- ``replace``: the call's first turn is the researcher's ``replacement`` text, the rest is sampled.
+
+Continuation ``j`` seeds its generations with ``request_seed`` from ``seed`` (continuation 0 with
+``seed`` itself): a source rolled out with ``per_call_seeds=True`` and the same seed and settings is
+reproduced exactly by continuation 0 of the ``resample`` arm. Each arm is one step of a new run (config
+kind ``replay``, linked to the source run, episode and call), which opens like any run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workbench.analysis.estimate import CallEstimate, means
+from workbench.analysis.replay_policies import PolicySpec, backends_for, describe
+from workbench.analysis.replay_source import SourceCall, load_source
+from workbench.backends import Backend
+from workbench.engine import EpisodeRecord, Rollout
+from workbench.engine.forcing import Forcing, ReplayDivergence, ReplayUnsupported, request_seed
+from workbench.engine.runner import run_sync
+from workbench.rl.metrics import rollout_metrics
+from workbench.store.episodes import write_step
+from workbench.tasks import Task
+from workbench.topology import to_dict
+from workbench.topology.spec import with_sampling
+
+ARMS = ("keep", "resample", "replace")
+
+
+@dataclass
+class ReplayResult:
+    """The replays of one call, by arm, where they were stored, and the call's estimated advantage."""
+
+    run_dir: Path
+    source: SourceCall
+    arms: dict[str, list[EpisodeRecord]]
+    estimate: CallEstimate | None
+    seconds: float
+
+    def frame(self) -> Any:
+        """One row per replayed episode: arm, continuation, reward, status, calls."""
+        import pandas as pd
+
+        return pd.DataFrame(
+            [
+                {
+                    "arm": arm,
+                    "continuation": e.sample,
+                    "reward": e.reward,
+                    "status": e.status,
+                    "calls": len(e.calls),
+                }
+                for arm, episodes in self.arms.items()
+                for e in episodes
+            ]
+        )
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{arm} x{len(e)}" for arm, e in self.arms.items())
+        return f"ReplayResult(call {self.source.call_id} ({self.source.role}): {counts}, stored in {self.run_dir})"
+
+    def _repr_html_(self) -> str:
+        estimate = self.estimate._repr_html_() if self.estimate is not None else ""
+        return f"<p>{self!r}</p>{estimate}"
+
+
+def replay(
+    run_dir: str | Path,
+    call_id: int,
+    n: int = 8,
+    arms: Sequence[str] | None = None,
+    replacement: str | None = None,
+    policies: dict[str, PolicySpec] | None = None,
+    backend: str | Backend = "hf",
+    sampling: dict[str, Any] | None = None,
+    seed: int | None = None,
+    max_tokens: int | None = None,
+    tasks: list[Task] | None = None,
+    runs_dir: str | Path | None = None,
+    run_id: str | None = None,
+    judge: str | Backend | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+) -> ReplayResult:
+    """Replay call ``call_id`` of the run in ``run_dir`` ``n`` times per arm and store the replays as a new run.
+
+    ``arms`` (default ``keep`` and ``resample``, plus ``replace`` when a ``replacement`` text is given) pick
+    what is kept; the result's ``estimate`` is Q (keep) - V (resample) beside the call's GRPO advantage.
+    ``policies`` maps a policy of the topology to what plays it: a model name or path, ``"step:K"`` (the
+    source run's checkpoint at step K), ``Checkpoint(run_dir, step)`` or a backend; the others play the
+    source run's model. ``backend`` is the kind (or one backend for every policy) that serves them.
+    ``sampling`` overrides every role's sampling settings; ``seed`` defaults to the source run's;
+    ``max_tokens`` to its cap. ``tasks`` are needed only for a run that kept no ``tasks.jsonl``.
+    ``runs_dir`` defaults to the directory holding the source run.
+    """
+    from workbench.store import RunStore
+    from workbench.tasks import save_jsonl
+    from workbench.training import TASKS_FILE
+
+    source = load_source(run_dir, call_id, tasks)
+    arms = _arms(arms, replacement)
+    if n < 1:
+        raise ValueError(f"n={n}: replay at least one continuation per arm")
+    topology = with_sampling(source.topology, **sampling) if sampling else source.topology
+    _check_replayable(source, topology)
+    config = source.config
+    seed = int(config.get("seed", 0) if seed is None else seed)
+    max_tokens = config.get("max_tokens") if max_tokens is None else max_tokens
+    served, owned = backends_for(topology, source, policies or {}, backend, device, dtype)
+    judge_backend = _judge(judge)
+    store = RunStore.create(
+        Path(runs_dir) if runs_dir is not None else source.run_dir.parent,
+        config={
+            "kind": "replay",
+            "source": {
+                "run_dir": str(source.run_dir),
+                "run_id": source.run_id,
+                "step": source.step,
+                "episode_id": source.episode_id,
+                "call_id": source.call_id,
+                "position": source.position,
+                "role": source.role,
+                "task_id": source.task.id,
+                "sample": source.sample,
+            },
+            "arms": list(arms),
+            "n": n,
+            "replacement": replacement,
+            "policies": {name: describe(spec) for name, spec in (policies or {}).items()},
+            "model": config.get("model"),
+            "backend": backend if isinstance(backend, str) else type(backend).__name__,
+            "sampling": sampling,
+            "seed": seed,
+            "max_tokens": max_tokens,
+            "topology": to_dict(topology),
+        },
+        run_id=run_id,
+        name=f"replay of call {source.call_id} ({source.role}) of {source.run_id}",
+        topology=topology.name,
+    )
+    try:
+        save_jsonl([source.task], store.run_dir / TASKS_FILE)
+        store.set_status("running")
+        started = time.perf_counter()
+        tokenizers = {name: b.tokenizer for name, b in served.items()}
+
+        def engine(arm: str, j: int) -> Rollout:
+            forcing = Forcing(
+                source.calls,
+                source.position,
+                keep=arm == "keep",
+                replacement=replacement if arm == "replace" else None,
+                tokenizers=tokenizers,
+            )
+            return Rollout(
+                topology,
+                served,
+                max_tokens=max_tokens,
+                judge=judge_backend,
+                seed=_replica_seed(seed, j),
+                forcing=forcing,
+            )
+
+        async def all_arms() -> list[list[EpisodeRecord]]:
+            engines = {arm: [engine(arm, j) for j in range(n)] for arm in arms}
+            runs = [
+                asyncio.gather(*(e.episode(source.task, source.sample) for e in engines[arm])) for arm in arms
+            ]
+            done = await asyncio.gather(*runs)
+            for arm, episodes in zip(arms, done, strict=True):
+                for j, (episode, e) in enumerate(zip(episodes, engines[arm], strict=True)):
+                    episode.sample = j
+                    for call in episode.calls:
+                        if call.position in e.forcing.forced:
+                            call.timings["replayed_from"] = source.call_ids[call.position]
+            return done
+
+        results = dict(zip(arms, run_sync(all_arms), strict=True))
+        _raise_divergence(results)
+        seconds = time.perf_counter() - started
+        for index, arm in enumerate(arms):
+            metrics, role_metrics = rollout_metrics(results[arm])
+            write_step(store, index, results[arm], {source.task.id: source.task}, metrics, role_metrics)
+            store.log_event("replay_arm", {"arm": arm, "n": n}, step=index)
+        store.set_status("finished")
+    except BaseException as error:
+        from workbench.rl.run_end import record_end
+
+        record_end(store, error, "failed")
+        raise
+    finally:
+        store.close()
+        for b in owned:
+            b.close()
+    estimate = None
+    if "keep" in results and "resample" in results:
+        estimate = CallEstimate(
+            call_id=source.call_id,
+            role=source.role,
+            q=means(results["keep"], source.position),
+            v=means(results["resample"], source.position),
+            grpo_advantage=source.advantage,
+            replaced=means(results["replace"], source.position) if "replace" in results else {},
+        )
+    return ReplayResult(store.run_dir, source, results, estimate, seconds)
+
+
+def _raise_divergence(results: dict[str, list[EpisodeRecord]]) -> None:
+    """A replay whose prefix could not be kept fails as a whole (the engine records it on each episode)."""
+    for error in (e.error for episodes in results.values() for e in episodes if e.status == "error"):
+        for kind in (ReplayDivergence, ReplayUnsupported):
+            if error and error.startswith(f"{kind.__name__}: "):
+                raise kind(error.split(": ", 1)[1])
+
+
+def _arms(arms: Sequence[str] | None, replacement: str | None) -> tuple[str, ...]:
+    if arms is None:
+        arms = ("keep", "resample", "replace") if replacement is not None else ("keep", "resample")
+    arms = tuple(dict.fromkeys(arms))
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown or not arms:
+        raise ValueError(f"unknown replay arms {unknown or arms}: choose from {', '.join(ARMS)}")
+    if "replace" in arms and replacement is None:
+        raise ValueError("the 'replace' arm needs a replacement text (replacement='...')")
+    return arms
+
+
+def _check_replayable(source: SourceCall, topology: Any) -> None:
+    if any(getattr(node, "select", None) is not None for node in topology.flow.nodes.values()):
+        raise ValueError(
+            f"{topology.name} is a grouped rollout (a node selects among the group's branches): its episodes "
+            "share calls across the group, which a replay of one episode cannot keep; not supported yet"
+        )
+    if source.call.parent is not None:
+        raise ValueError(
+            f"call {source.call_id} ({source.role}) runs inside another call (an agent used as a tool); replay "
+            "from a top-level call (its ancestor) instead: replays from nested calls are not supported yet"
+        )
+
+
+def _replica_seed(seed: int, j: int) -> int:
+    """The seed of continuation ``j``: the replay's seed for the first, a derived one for the others."""
+    return seed if j == 0 else request_seed(seed, "continuation", j, 0, 0)
+
+
+def _judge(judge: str | Backend | None) -> Backend | None:
+    if isinstance(judge, str):
+        from workbench.backends import make_backend
+
+        return make_backend("hf", judge)
+    return judge

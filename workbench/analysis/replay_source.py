@@ -1,0 +1,158 @@
+"""The episode a replay starts from: a stored call, its episode's calls as records, its task and topology.
+
+The stored calls become the engine's ``CallRecord``s again (exact token ids, owner masks, tool result
+texts), which ``workbench.engine.forcing`` answers the replay's prefix from. The task comes from the
+caller, the run's ``tasks.jsonl`` (every ``wb.rollout`` and background run keeps one), or a training
+run's config (its tasks are generated from a seed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workbench.store import RunReader
+from workbench.store.records import CallRecord
+from workbench.tasks import Task
+from workbench.topology import Topology
+
+
+@dataclass
+class SourceCall:
+    """A stored call to replay from, with what a replay needs of its run."""
+
+    run_dir: Path
+    run_id: str
+    config: dict[str, Any]
+    step: int
+    episode_id: int
+    call_id: int
+    position: int
+    role: str
+    advantage: float | None
+    sample: int
+    reward: float
+    calls: list[CallRecord]
+    call_ids: dict[int, int]  # position -> stored call id
+    topology: Topology
+    task: Task
+
+    @property
+    def call(self) -> CallRecord:
+        return next(c for c in self.calls if c.position == self.position)
+
+
+def load_source(run_dir: str | Path, call_id: int, tasks: list[Task] | None = None) -> SourceCall:
+    """The stored call ``call_id`` of the run in ``run_dir`` and everything a replay of it needs."""
+    with RunReader(run_dir) as reader:
+        info = reader.info()
+        row = reader.sql("SELECT episode_id, step FROM calls WHERE id = ?", (int(call_id),))
+        if row.empty:
+            raise KeyError(f"no call {call_id} in {run_dir}")
+        episode_id, step = int(row["episode_id"].iloc[0]), int(row["step"].iloc[0])
+        episode = reader.sql("SELECT * FROM episodes WHERE id = ?", (episode_id,)).iloc[0]
+        frame = reader.calls(episode=episode_id, arrays="list", complete_only=False)
+    records = [_record(r, frame) for r in frame.itertuples(index=False)]
+    call_ids = {int(p): int(i) for p, i in zip(frame["position"], frame["id"], strict=True)}
+    position = next(p for p, i in call_ids.items() if i == int(call_id))
+    config = info["config"]
+    meta = episode["task_meta"] or {}
+    stored = frame[frame["id"] == int(call_id)].iloc[0]
+    return SourceCall(
+        run_dir=Path(info["run_dir"]),
+        run_id=info["id"],
+        config=config,
+        step=step,
+        episode_id=episode_id,
+        call_id=int(call_id),
+        position=position,
+        role=str(stored["role"]),
+        advantage=_number(stored["advantage"]),
+        sample=int(meta.get("sample", 0)),
+        reward=float(episode["reward"] or 0.0),
+        calls=records,
+        call_ids=call_ids,
+        topology=_topology(Path(info["run_dir"]), config),
+        task=_task(Path(info["run_dir"]), config, str(episode["task_id"]), tasks),
+    )
+
+
+def _record(row: Any, frame: Any) -> CallRecord:
+    ids = dict(zip(frame["id"], frame["position"], strict=True))
+    timings = dict(row.timings or {})
+    return CallRecord(
+        role=row.role,
+        node="",
+        position=int(row.position),
+        prompt_ids=list(row.prompt_ids),
+        completion_ids=list(row.completion_ids),
+        logprobs=list(row.logprobs),
+        prompt_text=row.prompt_text or "",
+        completion_text=row.completion_text or "",
+        finish_reason=str(timings.get("finish_reason", "stop")),
+        policy=row.policy,
+        policy_version=_int(row.policy_version) or 0,
+        trainable=True,
+        parent=None if _int(row.parent_id) is None else int(ids[_int(row.parent_id)]),
+        parsed=row.action,
+        format_error=row.format_error,
+        mask=[int(m) for m in row.mask] if row.mask is not None else None,
+        tool_calls=list(row.tool_calls or []),
+        tool_results=list(row.tool_results or []),
+        timings=timings,
+        rewards=dict(row.rewards or {}),
+        advantage=_number(row.advantage),
+    )
+
+
+def _topology(run_dir: Path, config: dict[str, Any]) -> Topology:
+    """The spec the run ran: stored in its config (a rollout), beside it (a training run), or by name."""
+    from workbench.engine.spec_checks import from_dict, load
+    from workbench.rl.policies import per_role_policies
+    from workbench.rl.run_files import TOPOLOGY_FILE
+
+    spec = config.get("topology")
+    if isinstance(spec, dict):
+        topology = from_dict(spec)
+    elif (run_dir / TOPOLOGY_FILE).exists():
+        topology = load(run_dir / TOPOLOGY_FILE)
+    else:
+        topology = load(spec)
+    return per_role_policies(topology) if config.get("policy_per_role") else topology
+
+
+def _task(run_dir: Path, config: dict[str, Any], task_id: str, tasks: list[Task] | None) -> Task:
+    from workbench.training import TASKS_FILE
+
+    candidates: list[Task] = list(tasks or [])
+    if not candidates and (run_dir / TASKS_FILE).exists():
+        from workbench.tasks import load_tasks
+
+        candidates = load_tasks(run_dir / TASKS_FILE)
+    if not candidates and config.get("kind") == "train":
+        from workbench.rl.loop import load_tasks_for
+        from workbench.rl.run_files import run_config
+
+        train, held_out = load_tasks_for(run_config(run_dir))
+        candidates = [*train, *held_out]
+    found = next((t for t in candidates if t.id == task_id), None)
+    if found is None:
+        raise ValueError(
+            f"the task '{task_id}' of the episode is not known here: pass the run's tasks (tasks=[...])"
+        )
+    return found
+
+
+def _number(value: Any) -> float | None:
+    """A stored REAL as a float; None for NULL (NaN in a frame)."""
+    import pandas as pd
+
+    return None if value is None or pd.isna(value) else float(value)
+
+
+def _int(value: Any) -> int | None:
+    """A stored nullable INTEGER as an int; None for NULL (NA in a frame)."""
+    import pandas as pd
+
+    return None if value is None or pd.isna(value) else int(value)

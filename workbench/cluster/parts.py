@@ -1,0 +1,52 @@
+"""A training run's parts on the cluster: what ``workbench.rl.loop.setup`` builds them with when the config
+names a cluster (``workbench.training.run_training`` passes them; the loop itself knows nothing of Ray).
+
+The rollout always runs on a pool of workers; the update runs on a group of trainer ranks with
+``cluster_trainers``, else in the driver as without a cluster.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.cluster.pool import RolloutPool
+from workbench.cluster.scheduler import ClusterScheduler
+from workbench.cluster.trainers import TrainerGroup
+from workbench.engine import plugins
+from workbench.rl.loop import Run, local_trainer
+from workbench.topology import to_dict
+
+
+def trainer_for(run: Run, reference: Any) -> Any:
+    """A group of ``cluster_trainers`` trainer ranks over the run's policies; with none, the driver's trainer."""
+    config = run.config
+    if not config.cluster_trainers:
+        return local_trainer(run, reference)
+    return TrainerGroup(
+        config.cluster,
+        to_dict(run.topology),
+        config.to_dict(),
+        run.policies,
+        config.cluster_trainers,
+        config.cluster_cpus_per_trainer,
+        config.cluster_gpus_per_trainer,
+        log=run.log,
+        plugins=plugins.snapshot(),
+    )
+
+
+def scheduler_for(run: Run) -> ClusterScheduler:
+    """The sync schedule with each step's rollout on a pool of ``cluster_workers`` rollout workers."""
+    config = run.config
+    pool = RolloutPool(
+        config.cluster,
+        to_dict(run.topology),
+        config.to_dict(),
+        config.cluster_workers,
+        config.cluster_cpus_per_worker,
+        config.cluster_gpus_per_worker,
+        config.cluster_max_restarts,
+        log=run.log,
+        plugins=plugins.snapshot(),
+    )
+    return ClusterScheduler(pool, run.batch_for, config.group_size, run.policies.state, run.policy_version)

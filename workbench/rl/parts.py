@@ -1,0 +1,42 @@
+"""The parts every process of a run builds alike from its topology and training config.
+
+The driver (``workbench.rl.loop``), a cluster's rollout workers and its trainer ranks each load the
+policies, and build the trainer over them or the rollout engine over their backends, the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from workbench.engine import Rollout
+from workbench.rl.config import TrainConfig
+from workbench.rl.policies import PolicySet
+from workbench.rl.trainer import PolicyTrainer
+from workbench.topology import Topology
+
+
+def load_policies(
+    topology: Topology, config: TrainConfig, seed: int, with_reference: bool = False
+) -> tuple[PolicySet, Any]:
+    """Seed torch with ``seed``, then load the config's model as its policy set; with ``with_reference``
+    also the frozen KL reference (else None)."""
+    torch.manual_seed(seed)
+    return PolicySet.load(topology, config, with_reference=with_reference)
+
+
+def policy_trainer(
+    policies: PolicySet, config: TrainConfig, reference: Any = None, shard: Any = None
+) -> PolicyTrainer:
+    """The trainer of ``policies`` with the config's optimizer (``shard``: its rank in a data-parallel group)."""
+    return PolicyTrainer(
+        policies.models, config.optim(), ref_model=reference, activate=policies.activate, shard=shard
+    )
+
+
+def rollout_engine(
+    topology: Topology, config: TrainConfig, backends: dict[str, Any], judge: Any = None
+) -> Rollout:
+    """The engine that rolls ``topology`` out on ``backends`` within the config's token limit."""
+    return Rollout(topology, backends, max_tokens=config.max_tokens, judge=judge)
