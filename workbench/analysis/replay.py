@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,37 +114,25 @@ def replay(
         raise ValueError(f"n={n}: replay at least one continuation per arm")
     topology = with_sampling(source.topology, **sampling) if sampling else source.topology
     _check_replayable(source, topology)
-    config = source.config
-    seed = int(config.get("seed", 0) if seed is None else seed)
-    max_tokens = config.get("max_tokens") if max_tokens is None else max_tokens
+    seed = int(source.config.get("seed", 0) if seed is None else seed)
+    max_tokens = source.config.get("max_tokens") if max_tokens is None else max_tokens
     served, owned = backends_for(topology, source, policies or {}, backend, device, dtype)
     judge_backend = _judge(judge)
+    settings = {
+        "arms": list(arms),
+        "n": n,
+        "replacement": replacement,
+        "policies": {name: describe(spec) for name, spec in (policies or {}).items()},
+        "model": source.config.get("model"),
+        "backend": backend if isinstance(backend, str) else type(backend).__name__,
+        "sampling": sampling,
+        "seed": seed,
+        "max_tokens": max_tokens,
+        "topology": to_dict(topology),
+    }
     store = RunStore.create(
         Path(runs_dir) if runs_dir is not None else source.run_dir.parent,
-        config={
-            "kind": "replay",
-            "source": {
-                "run_dir": str(source.run_dir),
-                "run_id": source.run_id,
-                "step": source.step,
-                "episode_id": source.episode_id,
-                "call_id": source.call_id,
-                "position": source.position,
-                "role": source.role,
-                "task_id": source.task.id,
-                "sample": source.sample,
-            },
-            "arms": list(arms),
-            "n": n,
-            "replacement": replacement,
-            "policies": {name: describe(spec) for name, spec in (policies or {}).items()},
-            "model": config.get("model"),
-            "backend": backend if isinstance(backend, str) else type(backend).__name__,
-            "sampling": sampling,
-            "seed": seed,
-            "max_tokens": max_tokens,
-            "topology": to_dict(topology),
-        },
+        config={"kind": "replay", "source": _source_config(source), **settings},
         run_id=run_id,
         name=f"replay of call {source.call_id} ({source.role}) of {source.run_id}",
         topology=topology.name,
@@ -153,47 +141,27 @@ def replay(
         save_jsonl([source.task], store.run_dir / TASKS_FILE)
         store.set_status("running")
         started = time.perf_counter()
-        tokenizers = {name: b.tokenizer for name, b in served.items()}
 
         def engine(arm: str, j: int) -> Rollout:
-            forcing = Forcing(
-                source.calls,
-                source.position,
-                keep=arm == "keep",
-                replacement=replacement if arm == "replace" else None,
-                tokenizers=tokenizers,
-            )
             return Rollout(
                 topology,
                 served,
                 max_tokens=max_tokens,
                 judge=judge_backend,
                 seed=_replica_seed(seed, j),
-                forcing=forcing,
+                forcing=Forcing(
+                    source.calls,
+                    source.position,
+                    keep=arm == "keep",
+                    replacement=replacement if arm == "replace" else None,
+                    tokenizers={name: b.tokenizer for name, b in served.items()},
+                ),
             )
 
-        async def all_arms() -> list[list[EpisodeRecord]]:
-            engines = {arm: [engine(arm, j) for j in range(n)] for arm in arms}
-            runs = [
-                asyncio.gather(*(e.episode(source.task, source.sample) for e in engines[arm])) for arm in arms
-            ]
-            done = await asyncio.gather(*runs)
-            for arm, episodes in zip(arms, done, strict=True):
-                for j, (episode, e) in enumerate(zip(episodes, engines[arm], strict=True)):
-                    episode.sample = j
-                    for call in episode.calls:
-                        if call.position in e.forcing.forced:
-                            call.timings["replayed_from"] = source.call_ids[call.position]
-            return done
-
-        results = dict(zip(arms, run_sync(all_arms), strict=True))
+        results = dict(zip(arms, run_sync(lambda: _roll_out(source, arms, n, engine)), strict=True))
         _raise_divergence(results)
         seconds = time.perf_counter() - started
-        for index, arm in enumerate(arms):
-            metrics, role_metrics = rollout_metrics(results[arm])
-            write_step(store, index, results[arm], {source.task.id: source.task}, metrics, role_metrics)
-            store.log_event("replay_arm", {"arm": arm, "n": n}, step=index)
-        store.set_status("finished")
+        _store(store, source, results)
     except BaseException as error:
         from workbench.rl.run_end import record_end
 
@@ -201,19 +169,63 @@ def replay(
         raise
     finally:
         store.close()
-        for b in owned:
+        for b in [*owned, *([judge_backend] if isinstance(judge, str) else [])]:
             b.close()
-    estimate = None
-    if "keep" in results and "resample" in results:
-        estimate = CallEstimate(
-            call_id=source.call_id,
-            role=source.role,
-            q=means(results["keep"], source.position),
-            v=means(results["resample"], source.position),
-            grpo_advantage=source.advantage,
-            replaced=means(results["replace"], source.position) if "replace" in results else {},
-        )
-    return ReplayResult(store.run_dir, source, results, estimate, seconds)
+    return ReplayResult(store.run_dir, source, results, _estimate(source, results), seconds)
+
+
+def _source_config(source: SourceCall) -> dict[str, Any]:
+    """Where a replay comes from, as its run's config records it."""
+    return {
+        "run_dir": str(source.run_dir),
+        "run_id": source.run_id,
+        "step": source.step,
+        "episode_id": source.episode_id,
+        "call_id": source.call_id,
+        "position": source.position,
+        "role": source.role,
+        "task_id": source.task.id,
+        "sample": source.sample,
+    }
+
+
+async def _roll_out(
+    source: SourceCall, arms: Sequence[str], n: int, engine: Callable[[str, int], Rollout]
+) -> list[list[EpisodeRecord]]:
+    """Every arm's ``n`` continuations at once; forced calls are marked with the stored call they replay."""
+    engines = {arm: [engine(arm, j) for j in range(n)] for arm in arms}
+    runs = [asyncio.gather(*(e.episode(source.task, source.sample) for e in engines[arm])) for arm in arms]
+    done = await asyncio.gather(*runs)
+    for arm, episodes in zip(arms, done, strict=True):
+        for j, (episode, e) in enumerate(zip(episodes, engines[arm], strict=True)):
+            episode.sample = j
+            for call in episode.calls:
+                if call.position in e.forcing.forced:
+                    call.timings["replayed_from"] = source.call_ids[call.position]
+    return done
+
+
+def _store(store: Any, source: SourceCall, results: dict[str, list[EpisodeRecord]]) -> None:
+    """Each arm as one step of the replay's run."""
+    for index, (arm, episodes) in enumerate(results.items()):
+        metrics, role_metrics = rollout_metrics(episodes)
+        write_step(store, index, episodes, {source.task.id: source.task}, metrics, role_metrics)
+        store.log_event("replay_arm", {"arm": arm, "n": len(episodes)}, step=index)
+    store.set_status("finished")
+
+
+def _estimate(source: SourceCall, results: dict[str, list[EpisodeRecord]]) -> CallEstimate | None:
+    """Q (keep) - V (resample) with their standard errors, where both arms ran."""
+    if "keep" not in results or "resample" not in results:
+        return None
+    return CallEstimate(
+        call_id=source.call_id,
+        role=source.role,
+        q=means(results["keep"], source.position),
+        v=means(results["resample"], source.position),
+        grpo_advantage=source.advantage,
+        replaced=means(results["replace"], source.position) if "replace" in results else {},
+    )
 
 
 def _raise_divergence(results: dict[str, list[EpisodeRecord]]) -> None:
