@@ -16,7 +16,7 @@ import torch
 
 from workbench.backends.base import GenerationRequest
 from workbench.backends.hf import HFBackend
-from workbench.engine.runner import run_sync
+from workbench.backends.loop_thread import run_sync
 from workbench.models import load
 from workbench.models.placement import Placement, placement_of
 from workbench.rl.config import TrainConfig

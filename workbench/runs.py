@@ -14,8 +14,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from workbench.backends import Backend, make_backend
+from workbench.backends.loop_thread import run_sync
 from workbench.engine import EpisodeRecord, Rollout, plugins
-from workbench.engine.runner import run_sync
 from workbench.engine.spec_checks import load, validate
 from workbench.rl.metrics import rollout_metrics
 from workbench.rl.run_end import record_end

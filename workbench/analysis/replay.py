@@ -26,9 +26,9 @@ from workbench.analysis.estimate import CallEstimate, means
 from workbench.analysis.replay_policies import PolicySpec, backends_for, describe
 from workbench.analysis.replay_source import SourceCall, load_source
 from workbench.backends import Backend
+from workbench.backends.loop_thread import run_sync
 from workbench.engine import EpisodeRecord, Rollout
 from workbench.engine.forcing import Forcing, ReplayDivergence, ReplayUnsupported, request_seed
-from workbench.engine.runner import run_sync
 from workbench.rl.metrics import rollout_metrics
 from workbench.store.episodes import write_step
 from workbench.tasks import Task

@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from workbench.backends.loop_thread import run_sync
 from workbench.cluster.pool import RolloutPool
-from workbench.engine.runner import run_sync
 from workbench.rl.scheduling.base import BatchFor, StepRollout
 
 

@@ -42,7 +42,7 @@ class RolloutWorker:
 
     def rollout(self, tasks: list[Any], group_size: int) -> list[Any]:
         """Every task rolled out ``group_size`` times: the episodes, scored, in task order."""
-        from workbench.engine.runner import run_sync
+        from workbench.backends.loop_thread import run_sync
 
         return run_sync(lambda: self.engine.run(tasks, group_size=group_size))
 

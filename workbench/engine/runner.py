@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from workbench.backends.base import Backend, Generation, GenerationRequest
-from workbench.backends.loop_thread import run_sync  # noqa: F401  (re-exported for runs, schedulers, cluster)
 from workbench.engine.conversation import Conversation
 from workbench.engine.forcing import Forcing, request_seed
 from workbench.engine.mas_graph import substitute

@@ -10,7 +10,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from workbench.engine.runner import Rollout, run_sync
+from workbench.backends.loop_thread import run_sync
+from workbench.engine.runner import Rollout
 from workbench.rl.scheduling.base import BatchFor, StepRollout
 
 
