@@ -54,8 +54,8 @@ def trl_trainer(
     inputs = trl_inputs(samples)
 
     class FixedBatch(GRPOTrainer):
-        def _prepare_inputs(self, generation_batch):
-            return inputs
+        def _prepare_inputs(self, generation_batch):  # on the model's device, as TRL's own inputs are
+            return {k: v.to(self.accelerator.device) for k, v in inputs.items()}
 
     args = GRPOConfig(
         output_dir=str(out_dir),

@@ -39,11 +39,14 @@ def measure(backend: Any, n_tasks: int, max_tokens: int) -> dict[str, Any]:
     topology = with_sampling(load("marsrl"), temperature=0.0)
     tasks = generate("arithmetic", n=n_tasks, seed=0, level=2)
     engine = Rollout(topology, backend, max_tokens=max_tokens)
+    started = time.perf_counter()
     asyncio.run(engine.run(tasks))  # warm-up: the same shapes for both timed runs
+    print(f"warm-up rollout: {time.perf_counter() - started:.1f} s", flush=True)
 
     started = time.perf_counter()
     episodes = asyncio.run(engine.run(tasks))
     engine_s = time.perf_counter() - started
+    print(f"engine rollout: {engine_s:.1f} s, {sum(len(e.calls) for e in episodes)} calls", flush=True)
 
     waves: dict[int, list] = defaultdict(list)
     for episode in episodes:
@@ -59,6 +62,7 @@ def measure(backend: Any, n_tasks: int, max_tokens: int) -> dict[str, Any]:
         started = time.perf_counter()
         outputs = asyncio.run(replay(waves[position]))
         raw_s += time.perf_counter() - started
+        print(f"raw wave {position}: {len(waves[position])} requests, {raw_s:.1f} s so far", flush=True)
         for call, (generation,) in zip(waves[position], outputs, strict=True):
             raw_tokens += len(generation.completion_ids)
             same &= len(generation.completion_ids) == len(call.completion_ids)
@@ -77,6 +81,29 @@ def measure(backend: Any, n_tasks: int, max_tokens: int) -> dict[str, Any]:
     }
 
 
+def profile_decode(backend: Any, n: int, max_tokens: int) -> None:
+    """Print where one batch of ``n`` greedy requests spends its time in the hf backend (torch.profiler, top
+    operators). The batch is decoded in this thread: the profiler records operators of its own thread only."""
+    import torch
+
+    requests = [
+        GenerationRequest(list(range(10, 74)), max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    ]
+    requests = requests * n
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    backend._generate_rows(requests, time.perf_counter())  # warm-up
+    with torch.profiler.profile(activities=activities) as profiler:
+        started = time.perf_counter()
+        backend._generate_rows(requests, started)
+        elapsed = time.perf_counter() - started
+    print(
+        f"profiled decode: {n} x {max_tokens} tokens in {elapsed:.2f} s ({n * max_tokens / elapsed:,.0f} tokens/s)"
+    )
+    print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
+
+
 def _device() -> str:
     import torch
 
@@ -93,6 +120,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tasks", type=int, default=None)
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--profile", action="store_true", help="first print a profile of one decode batch")
     args = parser.parse_args(argv)
     model = args.model or ("tiny" if args.quick else "smollm2-135m")
     kinds = args.backends or (["hf"] if args.quick else ["hf", "vllm"])
@@ -107,6 +135,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for kind in kinds:
         backend = make_backend(kind, served)
         try:
+            if args.profile and kind == "hf":
+                profile_decode(backend, n_tasks, max_tokens)
             results[kind] = measure(backend, n_tasks, max_tokens)
         finally:
             backend.close()

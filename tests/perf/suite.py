@@ -363,7 +363,10 @@ def run_one(run: Run, out_dir: Path, quick: bool, timeout: float | None, echo: b
         args += ["--workdir", str(scratch)]  # its temporary runs go here; what it leaves behind is recorded
     command = [sys.executable, "-m", record["module"], *args]
     record |= {"args": args, "log": str(log_path)}
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **run.env}
+    path = os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
+    )  # keep carried packages
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **run.env}
     started = time.perf_counter()
     with log_path.open("w") as log:
         log.write(f"$ {' '.join(command)}\n")

@@ -165,7 +165,7 @@ class PolicyTrainer:
         """Per-token log-probs of ``samples[i] for i in indices`` (the other entries are left empty)."""
         out: list[torch.Tensor] = [torch.empty(0)] * len(samples)
         for micro in self._plan(samples, indices):
-            batch = collate(samples, micro, share_prefixes=self._sharing)
+            batch = collate(samples, micro, share_prefixes=self._sharing).to(self.placement.device)
             model = model_of(samples[micro[0]])
             model.eval()
             with self.placement.autocast():
@@ -215,7 +215,7 @@ class PolicyTrainer:
         touched = torch.zeros(len(self.parameters), dtype=torch.float64)
         for role in roles if measure else [None]:
             for micro in self._plan(trained, [i for i in mine if role is None or trained[i].role == role]):
-                batch = collate(trained, micro, share_prefixes=self._sharing)
+                batch = collate(trained, micro, share_prefixes=self._sharing).to(self.placement.device)
                 model = self.activate(trained[micro[0]].policy)
                 model.train()
                 with self.placement.autocast():  # backward runs outside, in the dtypes autocast chose
