@@ -202,7 +202,7 @@ def test_tools_are_replayed_from_the_store_never_run_again(tmp_path):
 
 def _episode(reward, roles):
     calls = [
-        CallRecord(r, "", p, [], [], [], "", "", "stop", "base", 0, True, rewards={"reward": v})
+        CallRecord(role=r, node="", position=p, finish_reason="stop", trainable=True, rewards={"reward": v})
         for p, (r, v) in enumerate(roles)
     ]
     return EpisodeRecord("t", "t", 0, reward=reward, calls=calls)

@@ -1,6 +1,6 @@
 """Token ids as text for the token view: one call's stored tokens with each token's text.
 
-    call_tokens(reader, call_id)            # the call's ``CallDetail`` plus its tokens' texts
+    call_tokens(reader, call_id)            # the call's ``StoredCall`` (call_detail) plus its tokens' texts
 
 Token text comes from the run's tokenizer (the config's ``model``, resolved through
 ``workbench.models``, loaded once per model); where none can be loaded, a token shows as ``⟨id⟩``.
@@ -15,12 +15,12 @@ from functools import lru_cache
 from typing import Any
 
 from workbench.store import RunReader
-from workbench.store.queries import CallDetail, call_detail
+from workbench.store.queries import StoredCall, call_detail
 
 
-@dataclass
-class CallTokens(CallDetail):
-    """A call's ``CallDetail`` with the text of each prompt and completion token; ``decoded`` says whether
+@dataclass(kw_only=True)
+class CallTokens(StoredCall):
+    """A call's ``StoredCall`` (from ``call_detail``) with the text of each prompt and completion token; ``decoded`` says whether
     the texts come from the run's tokenizer (else they are ``⟨id⟩``)."""
 
     prompt_tokens: list[str]

@@ -67,7 +67,7 @@ _TABLE_COLUMNS = list(_TABLE_WIDTHS)
 class _OpenCall:
     """A call card of the open episode, with its token pane (filled on first expansion)."""
 
-    node: q.CallNode
+    node: q.StoredCall
     card: pn.Card
     tokens: pn.pane.HTML
     detail: CallTokens | None = None
@@ -98,7 +98,7 @@ def _number(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, (int, float)) else str(value)
 
 
-def call_fields_html(node: q.CallNode) -> str:
+def call_fields_html(node: q.StoredCall) -> str:
     """A call's fields (everything but its tokens) as an escaped HTML definition list."""
     version = "—" if node.policy_version is None else str(node.policy_version)
     fields = {
@@ -135,7 +135,7 @@ def call_fields_html(node: q.CallNode) -> str:
     )
 
 
-def call_title_html(node: q.CallNode) -> str:
+def call_title_html(node: q.StoredCall) -> str:
     """A call card's header: role, call id, rewards, advantage and a format-error mark."""
     bits = [f"call {node.id}"]
     if node.rewards:
@@ -419,7 +419,7 @@ class TrajectoryBrowser(PeriodicRefresh, pn.viewable.Viewer):
             f"{n_calls} calls</div>"
         )
 
-        def card(node: q.CallNode, depth: int, expanded: bool) -> pn.Card:
+        def card(node: q.StoredCall, depth: int, expanded: bool) -> pn.Card:
             tokens = pn.pane.HTML("", sizing_mode="stretch_width", css_classes=["wb-call-tokens"])
             body = [pn.pane.HTML(call_fields_html(node), sizing_mode="stretch_width"), tokens]
             body += [card(child, depth + 1, False) for child in node.children]

@@ -8,12 +8,13 @@ run's config (its tasks are generated from a seed).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from workbench.store import RunReader
-from workbench.store.records import CallRecord
+from workbench.store.codec import from_cell
+from workbench.store.records import CallFields, CallRecord
 from workbench.tasks import Task
 from workbench.topology import Topology
 
@@ -79,30 +80,21 @@ def load_source(run_dir: str | Path, call_id: int, tasks: list[Task] | None = No
 
 
 def _record(row: Any, frame: Any) -> CallRecord:
+    """A stored call as the engine's record again: its `CallFields` as stored (NULL collections empty), its
+    parent as a position."""
     ids = dict(zip(frame["id"], frame["position"], strict=True))
-    timings = dict(row.timings or {})
+    stored = {f.name: from_cell(getattr(row, f.name)) for f in fields(CallFields)}
+    empty = {"prompt_text": "", "completion_text": "", "tool_calls": [], "tool_results": [], "timings": {},
+             "rewards": {}, "policy_version": 0}  # fmt: skip
+    stored.update({k: v for k, v in empty.items() if stored[k] is None})
+    parent = _int(row.parent_id)
     return CallRecord(
-        role=row.role,
+        **stored,
         node="",
-        position=int(row.position),
-        prompt_ids=list(row.prompt_ids),
-        completion_ids=list(row.completion_ids),
-        logprobs=list(row.logprobs),
-        prompt_text=row.prompt_text or "",
-        completion_text=row.completion_text or "",
-        finish_reason=str(timings.get("finish_reason", "stop")),
-        policy=row.policy,
-        policy_version=_int(row.policy_version) or 0,
+        finish_reason=str(stored["timings"].get("finish_reason", "stop")),
         trainable=True,
-        parent=None if _int(row.parent_id) is None else int(ids[_int(row.parent_id)]),
+        parent=None if parent is None else int(ids[parent]),
         parsed=row.action,
-        format_error=row.format_error,
-        mask=[int(m) for m in row.mask] if row.mask is not None else None,
-        tool_calls=list(row.tool_calls or []),
-        tool_results=list(row.tool_results or []),
-        timings=timings,
-        rewards=dict(row.rewards or {}),
-        advantage=_number(row.advantage),
     )
 
 

@@ -212,3 +212,17 @@ def rewards_json(value: Any, field: str = "rewards") -> str | None:
         number = None if v is None else as_number(v, f"{field}[{name!r}]")
         clean[name] = number if number is None or math.isfinite(number) else None
     return json.dumps(clean, separators=(",", ":"))
+
+
+def from_cell(value: Any) -> Any:
+    """A cell read back (a pandas frame's) as plain Python: arrays as lists, numpy scalars as Python ones,
+    NULL (None, NA, NaN) as None."""
+    import pandas as pd
+
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if hasattr(value, "item") and not isinstance(value, str | bytes):
+        value = value.item()
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return value

@@ -21,14 +21,14 @@ search has no index: it reads the prompt and completion text of the calls of the
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import pandas as pd
 
-from .codec import TokenOwner
+from .call_row import CallRow
+from .codec import TokenOwner, from_cell
 from .reader import RunReader
 
 PAGE_SIZE = 50
@@ -37,39 +37,11 @@ ERROR_PREVIEW = 200
 #: Characters of a call's completion a call tree node carries as its preview.
 PREVIEW_CHARS = 120
 
-_TREE_COLUMNS = (
-    "id, parent_id, source_id, role, policy, position, policy_version, n_prompt, n_completion, advantage, "
-    f"rewards, timings, format_error, action, tool_calls, tool_results, substr(completion_text, 1, {PREVIEW_CHARS}) "
-    "AS preview"
-)
-_DETAIL_COLUMNS = (
-    "id, episode_id, role, policy, policy_version, advantage, prompt_text, completion_text, prompt_ids, "
-    "completion_ids, logprobs, mask, token_advantages"
-)
-
 
 # ---------------------------------------------------------------------------------------------- helpers
-def _value(value: Any) -> Any:
-    """A pandas cell as a plain Python value: NA/NaN become None, numpy scalars Python ones."""
-    if value is None or value is pd.NA:
-        return None
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value.item() if hasattr(value, "item") and not isinstance(value, (str, bytes)) else value
-
-
 def _int(value: Any) -> int | None:
-    value = _value(value)
+    value = from_cell(value)
     return None if value is None else int(value)
-
-
-def _float(value: Any) -> float | None:
-    value = _value(value)
-    return None if value is None else float(value)
-
-
-def _list(array: Any, kind: type) -> list | None:
-    return None if array is None else [kind(x) for x in array.tolist()]
 
 
 def _like(text: str) -> str:
@@ -197,58 +169,60 @@ def episodes_page(
 
 
 # ---------------------------------------------------------------------------------------------- calls
-@dataclass
-class CallNode:
-    """One call of an episode (no token arrays) and the calls it started (``children``, by position)."""
+@dataclass(kw_only=True)
+class StoredCall(CallRow):
+    """A call read back from the store: its `CallRow` (``call_id`` is its id; token arrays as lists, None
+    where not read or not stored) and what the store derives: token counts, the start of its completion
+    (``preview``), each completion token's owner (``owners``: the stored mask, all ``TRAINABLE`` where none
+    is stored; filled by `call_detail`) and, in a call tree, the calls it started (``children``)."""
 
-    id: int
-    parent_id: int | None
-    source_id: int | None
-    role: str
-    policy: str | None
-    position: int
-    policy_version: int | None
-    n_prompt: int | None
-    n_completion: int | None
-    advantage: float | None
-    rewards: dict[str, float] | None
-    timings: dict[str, Any] | None
-    format_error: str | None
-    action: Any
-    tool_calls: Any
-    tool_results: Any
-    preview: str
-    children: list[CallNode] = field(default_factory=list)
+    n_prompt: int | None = None
+    n_completion: int | None = None
+    preview: str = ""
+    owners: list[int] = field(default_factory=list)
+    children: list[StoredCall] = field(default_factory=list)
+
+    @property
+    def id(self) -> int:
+        return int(self.call_id)
 
 
-def call_tree(reader: RunReader, episode_id: int) -> list[CallNode]:
-    """The calls of one episode as a forest: the top-level calls (no parent, or a parent outside the
-    episode) in position order, each with its children nested."""
+#: The calls table's columns, named as StoredCall's fields (the id is ``call_id``).
+_STORED = [f.name for f in fields(StoredCall) if f.name not in ("call_id", "preview", "owners", "children")]
+#: What a call tree leaves out: the token arrays and full texts.
+_BULKY = {
+    "prompt_ids",
+    "completion_ids",
+    "logprobs",
+    "mask",
+    "token_advantages",
+    "prompt_text",
+    "completion_text",
+}
+_TREE_COLUMNS = ", ".join(
+    [
+        "id AS call_id",
+        *(c for c in _STORED if c not in _BULKY),
+        f"substr(completion_text, 1, {PREVIEW_CHARS}) AS preview",
+    ]
+)
+_DETAIL_COLUMNS = ", ".join(["id AS call_id", *_STORED])
+
+
+def _stored(row: Any) -> StoredCall:
+    """A row of the calls table (a pandas row) as a StoredCall: arrays as lists, NULL as None."""
+    return StoredCall(**{name: from_cell(value) for name, value in row._asdict().items()})
+
+
+def call_tree(reader: RunReader, episode_id: int) -> list[StoredCall]:
+    """The calls of one episode (no token arrays) as a forest: the top-level calls (no parent, or a parent
+    outside the episode) in position order, each with its children nested."""
     frame = reader.sql(
         f"SELECT {_TREE_COLUMNS} FROM calls WHERE episode_id = ? ORDER BY position, id", [int(episode_id)]
     )
-    nodes = [
-        CallNode(
-            id=int(row.id),
-            parent_id=_int(row.parent_id),
-            source_id=_int(row.source_id),
-            role=str(row.role),
-            policy=_value(row.policy),
-            position=int(row.position),
-            policy_version=_int(row.policy_version),
-            n_prompt=_int(row.n_prompt),
-            n_completion=_int(row.n_completion),
-            advantage=_float(row.advantage),
-            rewards=_value(row.rewards),
-            timings=_value(row.timings),
-            format_error=_value(row.format_error),
-            action=_value(row.action),
-            tool_calls=_value(row.tool_calls),
-            tool_results=_value(row.tool_results),
-            preview=_value(row.preview) or "",
-        )
-        for row in frame.itertuples(index=False)
-    ]
+    nodes = [_stored(row) for row in frame.itertuples(index=False)]
+    for node in nodes:
+        node.preview = node.preview or ""  # no completion text stored
     by_id = {node.id: node for node in nodes}
     roots = []
     for node in nodes:
@@ -260,58 +234,24 @@ def call_tree(reader: RunReader, episode_id: int) -> list[CallNode]:
     return roots
 
 
-def walk(nodes: Sequence[CallNode], depth: int = 0) -> Iterator[tuple[int, CallNode]]:
+def walk(nodes: Sequence[StoredCall], depth: int = 0) -> Iterator[tuple[int, StoredCall]]:
     """Every call of a forest, depth first in position order, with its depth (0 for top-level calls)."""
     for node in nodes:
         yield depth, node
         yield from walk(node.children, depth + 1)
 
 
-@dataclass
-class CallDetail:
-    """One call token by token as stored: ids, owner codes (``TokenOwner``), logprobs and advantages.
-
-    ``owners``, ``logprobs`` and ``token_advantages`` are per completion token; ``owners`` is all
-    ``TRAINABLE`` where no mask is stored, ``logprobs`` and ``token_advantages`` are None where none is.
-    """
-
-    call_id: int
-    episode_id: int
-    role: str
-    policy: str | None
-    policy_version: int | None
-    advantage: float | None
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    owners: list[int]
-    logprobs: list[float] | None
-    token_advantages: list[float] | None
-    prompt_text: str
-    completion_text: str
-
-
-def call_detail(reader: RunReader, call_id: int) -> CallDetail:
-    """The full token detail of one call; KeyError when the run has no call ``call_id``."""
+def call_detail(reader: RunReader, call_id: int) -> StoredCall:
+    """The full token detail of one call (``prompt_ids`` and ``completion_ids`` lists, texts ``""`` where none
+    is stored, ``owners`` filled); KeyError when the run has no call ``call_id``."""
     frame = reader.sql(f"SELECT {_DETAIL_COLUMNS} FROM calls WHERE id = ?", [int(call_id)])
     if frame.empty:
         raise KeyError(f"no call {call_id} in run {reader.run_id}")
-    row = frame.iloc[0]
-    completion_ids = _list(row["completion_ids"], int) or []
-    return CallDetail(
-        call_id=int(row["id"]),
-        episode_id=int(row["episode_id"]),
-        role=str(row["role"]),
-        policy=_value(row["policy"]),
-        policy_version=_int(row["policy_version"]),
-        advantage=_float(row["advantage"]),
-        prompt_ids=_list(row["prompt_ids"], int) or [],
-        completion_ids=completion_ids,
-        owners=_list(row["mask"], int) or [int(TokenOwner.TRAINABLE)] * len(completion_ids),
-        logprobs=_list(row["logprobs"], float),
-        token_advantages=_list(row["token_advantages"], float),
-        prompt_text=_value(row["prompt_text"]) or "",
-        completion_text=_value(row["completion_text"]) or "",
-    )
+    call = _stored(next(frame.itertuples(index=False)))
+    call.prompt_ids, call.completion_ids = call.prompt_ids or [], call.completion_ids or []
+    call.prompt_text, call.completion_text = call.prompt_text or "", call.completion_text or ""
+    call.owners = call.mask or [int(TokenOwner.TRAINABLE)] * len(call.completion_ids)
+    return call
 
 
 # ---------------------------------------------------------------------------------------------- changes

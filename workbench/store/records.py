@@ -12,30 +12,43 @@ from typing import Any
 from .codec import TokenOwner
 
 
-@dataclass
-class CallRecord:
+@dataclass(kw_only=True)
+class CallFields:
+    """What a call holds wherever it is, declared once: the engine's `CallRecord` and the store's row
+    (`workbench.store.call_row.CallRow`) both extend it. Token arrays are lists in a record; the store also
+    takes numpy arrays or CPU tensors. `mask` holds a TokenOwner code per completion token (None: all the
+    role's own); empty collections are stored as NULL; `rewards` maps reward names to numbers (reward, accuracy, format: workbench.rewards); `advantage`
+    is set when the call is trained on."""
+
     role: str
+    policy: str | None = None
+    policy_version: int | None = None
+    position: int | None = None  # order within the episode
+    prompt_ids: Any = None
+    completion_ids: Any = None
+    logprobs: Any = None
+    mask: Any = None
+    prompt_text: str | None = None
+    completion_text: str | None = None
+    format_error: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_results: list[dict[str, Any]] = field(default_factory=list)
+    timings: dict[str, Any] = field(default_factory=dict)
+    rewards: dict[str, float] = field(default_factory=dict)
+    advantage: float | None = None
+
+
+@dataclass(kw_only=True)
+class CallRecord(CallFields):
+    """One call of an episode as the engine made it: every `CallFields` entry filled (lists, dicts), plus
+    the topology node, the finish reason and the episode-relative links to other calls."""
+
     node: str
-    position: int
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-    prompt_text: str
-    completion_text: str
     finish_reason: str
-    policy: str
-    policy_version: int
     trainable: bool
     parent: int | None = None  # position of the parent call within the episode (nested agents)
     source: int | None = None  # position of the call whose output this call consumed (provenance)
     parsed: Any = None
-    format_error: str | None = None
-    mask: list[int] | None = None  # TokenOwner code per completion token; None: all the role's own
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
-    tool_results: list[dict[str, Any]] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
-    rewards: dict[str, float] = field(default_factory=dict)  # reward, accuracy, format (workbench.rewards)
-    advantage: float | None = None  # set when the call is trained on, stored with it
 
     def owners(self) -> list[int]:
         """The `TokenOwner` code of each completion token, as stored and as trained: the engine's mask

@@ -283,7 +283,7 @@ class StepWriter:
 
         The fields are those of `CallRow`: token arrays, texts, action, tool calls, rewards, ids.
         """
-        return self._add_row(CallRow(episode_id, role, **fields))
+        return self._add_row(CallRow(episode_id, role=role, **fields))
 
     def add_record(
         self, episode_id: int, call: CallRecord, *, parent_id: int | None = None, source_id: int | None = None
@@ -372,12 +372,12 @@ class StepWriter:
             n_prompt=None if prompt is None else len(prompt) // IDS_DTYPE.itemsize,
             n_completion=n_completion,
             advantage=None if row.advantage is None else as_number(row.advantage, "advantage"),
-            rewards=rewards_json(row.rewards),
-            timings=dumps(row.timings, "timings"),
+            rewards=rewards_json(_null_if_empty(row.rewards)),
+            timings=dumps(_null_if_empty(row.timings), "timings"),
             format_error=_opt_str(row.format_error, "format_error"),
             action=dumps(row.action, "action"),
-            tool_calls=dumps(row.tool_calls, "tool_calls"),
-            tool_results=dumps(row.tool_results, "tool_results"),
+            tool_calls=dumps(_null_if_empty(row.tool_calls), "tool_calls"),
+            tool_results=dumps(_null_if_empty(row.tool_results), "tool_results"),
             prompt_text=_display_text(row.prompt_text, "prompt_text"),
             completion_text=_display_text(row.completion_text, "completion_text"),
             prompt_ids=prompt,
@@ -508,3 +508,8 @@ class StepWriter:
 def _insert_sql(columns: Mapping[str, Any]) -> str:
     """The INSERT of a call whose column values are `columns` (named parameters)."""
     return f"INSERT INTO calls ({', '.join(columns)}) VALUES ({', '.join(':' + c for c in columns)})"
+
+
+def _null_if_empty(value: Any) -> Any:
+    """An empty list or dict is stored as NULL, as an absent one is (a record's collections default empty)."""
+    return None if isinstance(value, list | dict) and not value else value
