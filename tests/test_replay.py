@@ -2,6 +2,7 @@
 
 import math
 
+import pandas as pd
 import pytest
 from transformers import AutoTokenizer
 
@@ -163,6 +164,40 @@ AGENT_SPEC = {
 }
 
 
+def test_a_grouped_episode_replays_the_branch_of_its_call(tiny, tmp_path):
+    """marsrl_cpu fans out (4 Solvers, each solution checked once and judged 4 times): a replay from one
+    verdict keeps that verdict's Solver and check, and re-runs one branch of the group."""
+    tasks = wb.generate_tasks("arithmetic", n=1, seed=2, level=1, format="plain")
+    run = wb.rollout(
+        "marsrl_cpu", tasks, backend=tiny, group_size=4, max_tokens=6, runs_dir=tmp_path, seed=SEED
+    )
+    with wb.RunReader(run.run_dir) as reader:
+        calls = reader.calls(arrays="list")
+    episode = calls[calls["episode_id"] == calls["episode_id"].iloc[0]].set_index("id")
+    assert list(episode["role"].value_counts().sort_index()) == [1, 1, 4]  # checker, solver, verifier1
+    verdict = episode[episode["role"] == "verifier1"].index[-1]
+    path = [verdict]
+    while not pd.isna(episode.loc[path[-1], "previous_id"]):
+        path.append(int(episode.loc[path[-1], "previous_id"]))
+    assert list(episode.loc[path[::-1], "role"]) == ["solver", "checker", "verifier1"]
+
+    result = wb.replay(run.run_dir, int(verdict), n=2, backend=tiny)
+    assert result.source.position == 2 and result.source.call_id == verdict
+    for arm, episodes in result.arms.items():
+        for replayed in episodes:
+            assert [c.role for c in replayed.calls] == ["solver", "checker", "verifier1"]
+            for call, stored_id in zip(replayed.calls, path[::-1], strict=True):
+                stored = episode.loc[stored_id]
+                if call.role != "verifier1" or arm == "keep":
+                    assert call.timings["replayed_from"] == stored_id
+                    assert call.completion_ids == list(stored["completion_ids"])
+                assert call.prompt_ids == list(stored["prompt_ids"])  # the verdict's prompt too
+    assert set(result.estimate.q) == {"episode", "role/verifier1"}  # the verdict is the last call
+    first_solver = int(episode[episode["role"] == "solver"].index[0])
+    assert [c.role for c in wb.replay(run.run_dir, first_solver, n=1, arms=["resample"], backend=tiny)
+            .arms["resample"][0].calls] == ["solver", "checker", "verifier1"]  # fmt: skip
+
+
 def test_tools_are_replayed_from_the_store_never_run_again(tmp_path):
     register_tool_kind("counting", Counting, replace=True)
     try:
@@ -211,8 +246,9 @@ def _episode(reward, roles):
 def test_the_estimate_is_q_minus_v_with_the_standard_error_of_a_difference():
     keep = [_episode(r, [("a", 9.0), ("b", r)]) for r in (1.0, 1.0, 0.0, 1.0)]
     resample = [_episode(r, [("a", 9.0), ("b", r / 2)]) for r in (0.0, 1.0, 0.0, 0.0)]
-    q, v = means(keep, after=0), means(resample, after=0)
-    assert set(q) == {"episode", "role/b"}  # role a's call is the replayed one (position 0), not after it
+    q, v = means(keep, point=0), means(resample, point=0)
+    assert set(q) == {"episode", "role/a", "role/b"}  # role a's call is the replayed one (position 0)
+    assert q["role/a"].mean == v["role/a"].mean == 9.0
     assert q["episode"].mean == 0.75 and v["episode"].mean == 0.25
     se_q = math.sqrt(0.25 / 4)  # sample variance of (1, 1, 0, 1) is 0.25
     assert q["episode"].stderr == pytest.approx(se_q)

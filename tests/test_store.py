@@ -528,7 +528,7 @@ def test_an_engine_call_record_is_stored_as_its_row(store):
         episode = step.add_episode(task_id="t")
         first = step.add_record(episode, record(0, True, rewards={"reward": 1.0}, timings={"queued": 1.0}))
         second = step.add_record(
-            episode, record(1, False, owned, parsed={"verdict": "correct"}), parent_id=first, source_id=first
+            episode, record(1, False, owned, parsed={"verdict": "correct"}, parent=0, source=0), {0: first}
         )
     calls = store.reader().calls(arrays="list").set_index("id")
     a, b = calls.loc[first], calls.loc[second]

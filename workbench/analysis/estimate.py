@@ -5,7 +5,7 @@ episodes resampled from the call itself (its parent state). Their difference est
 advantage, with the standard error of a difference of two independent means (sample variances, ddof 1).
 Both arms seed their continuations alike (common random numbers), which correlates them positively:
 the error shown is then an upper bound. Outcomes are the episode's reward and the mean reward of each
-role's calls after the replayed one.
+role's calls from the replayed one on (the replayed call included).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class CallEstimate:
     """A call's Monte-Carlo value (Q), its parent state's (V) and their difference, per outcome.
 
     ``outcomes`` names what was averaged: ``episode`` (the episode's reward) and ``role/<name>`` (the mean
-    reward of that role's calls after the replayed one). ``grpo_advantage`` is the advantage the call was
+    reward of that role's calls from the replayed one on). ``grpo_advantage`` is the advantage the call was
     trained with (None for a call of a rollout, or one not trained on).
     """
 
@@ -101,22 +101,23 @@ class CallEstimate:
         return f"<p>{self!r}</p>" + self.frame().to_html(float_format=lambda x: f"{x:.3f}")
 
 
-def outcomes(episode: EpisodeRecord, after: int) -> dict[str, float]:
-    """What a replayed episode scored: its reward, and each role's mean call reward after position ``after``."""
+def outcomes(episode: EpisodeRecord, point: int) -> dict[str, float]:
+    """What a replayed episode scored: its reward, and each role's mean call reward from position ``point``
+    on (the replayed call included: kept in Q, sampled again in V)."""
     out = {"episode": float(episode.reward or 0.0)}
     by_role: dict[str, list[float]] = {}
     for call in episode.calls:
         reward = (call.rewards or {}).get("reward")
-        if call.position > after and reward is not None:
+        if call.position >= point and reward is not None:
             by_role.setdefault(call.role, []).append(float(reward))
     out.update({f"role/{r}": sum(v) / len(v) for r, v in by_role.items()})
     return out
 
 
-def means(episodes: Sequence[EpisodeRecord], after: int) -> dict[str, Mean]:
+def means(episodes: Sequence[EpisodeRecord], point: int) -> dict[str, Mean]:
     """Each outcome's mean over ``episodes`` (a role's over the episodes where it was rewarded)."""
     values: dict[str, list[float]] = {}
     for episode in episodes:
-        for name, value in outcomes(episode, after).items():
+        for name, value in outcomes(episode, point).items():
             values.setdefault(name, []).append(value)
     return {name: Mean.of(v) for name, v in values.items()}

@@ -114,6 +114,8 @@ def replay(
         raise ValueError(f"n={n}: replay at least one continuation per arm")
     topology = with_sampling(source.topology, **sampling) if sampling else source.topology
     _check_replayable(source, topology)
+    if _grouped(topology):  # one branch of the group: its calls up to this one, then one call a node
+        source, topology = source.on_its_branch(), _one_branch(topology)
     seed = int(source.config.get("seed", 0) if seed is None else seed)
     max_tokens = source.config.get("max_tokens") if max_tokens is None else max_tokens
     served, owned = backends_for(topology, source, policies or {}, backend, device, dtype)
@@ -249,16 +251,29 @@ def _arms(arms: Sequence[str] | None, replacement: str | None) -> tuple[str, ...
 
 
 def _check_replayable(source: SourceCall, topology: Any) -> None:
-    if any(getattr(node, "select", None) is not None for node in topology.flow.nodes.values()):
-        raise ValueError(
-            f"{topology.name} is a grouped rollout (a node selects among the group's branches): its episodes "
-            "share calls across the group, which a replay of one episode cannot keep; not supported yet"
-        )
     if source.call.parent is not None:
         raise ValueError(
             f"call {source.call_id} ({source.role}) runs inside another call (an agent used as a tool); replay "
             "from a top-level call (its ancestor) instead: replays from nested calls are not supported yet"
         )
+    if _grouped(topology) and source.position > 0 and source.call.previous is None:
+        raise ValueError(
+            f"call {source.call_id} of a grouped rollout has no link to the call before it on its branch (a "
+            "run stored before links were kept): replay from its episode's first call, or roll out again"
+        )
+
+
+def _grouped(topology: Any) -> bool:
+    """Whether episodes fan out: a node selects among the group's branches (MarsRL's grouped rollouts)."""
+    return any(getattr(node, "select", None) is not None for node in topology.flow.nodes.values())
+
+
+def _one_branch(topology: Any) -> Any:
+    """The flow of one branch of a grouped rollout: each node runs once, on what reached it (no select).
+    The continuation of a replay is one branch, so N continuations are N samples of the node's output."""
+    nodes = {name: node.model_copy(update={"select": None}) if getattr(node, "select", None) else node
+             for name, node in topology.flow.nodes.items()}  # fmt: skip
+    return topology.model_copy(update={"flow": topology.flow.model_copy(update={"nodes": nodes})})
 
 
 def _replica_seed(seed: int, j: int) -> int:

@@ -8,7 +8,7 @@ run's config (its tasks are generated from a seed).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,18 @@ class SourceCall:
     @property
     def call(self) -> CallRecord:
         return next(c for c in self.calls if c.position == self.position)
+
+    def on_its_branch(self) -> SourceCall:
+        """The call on its branch alone: a grouped episode's calls from its first call to this one, along
+        each call's ``previous``, renumbered as the one-branch episode a replay re-runs (positions 0..k)."""
+        by_position = {c.position: c for c in self.calls}
+        path = [self.call]
+        while path[-1].previous is not None:
+            path.append(by_position[path[-1].previous])
+        path.reverse()
+        calls = [replace(c, position=i, previous=None, source=None) for i, c in enumerate(path)]
+        ids = {i: self.call_ids[c.position] for i, c in enumerate(path)}
+        return replace(self, calls=calls, call_ids=ids, position=len(path) - 1)
 
 
 def load_source(run_dir: str | Path, call_id: int, tasks: list[Task] | None = None) -> SourceCall:
@@ -87,13 +99,13 @@ def _record(row: Any, frame: Any) -> CallRecord:
     empty = {"prompt_text": "", "completion_text": "", "tool_calls": [], "tool_results": [], "timings": {},
              "rewards": {}, "policy_version": 0}  # fmt: skip
     stored.update({k: v for k, v in empty.items() if stored[k] is None})
-    parent = _int(row.parent_id)
+    links = {link: _int(getattr(row, f"{link}_id")) for link in ("parent", "source", "previous")}
     return CallRecord(
         **stored,
+        **{link: None if i is None else int(ids[i]) for link, i in links.items()},
         node="",
         finish_reason=str(stored["timings"].get("finish_reason", "stop")),
         trainable=True,
-        parent=None if parent is None else int(ids[parent]),
         parsed=row.action,
     )
 

@@ -61,9 +61,10 @@ class _Branch:
     source: int | None = None  # position of the call whose output this branch carries
     reward: float | None = None  # that call's reward, which selectors read
     calls: int = 0
+    last: int | None = None  # position of the branch's latest call
 
     def fork(self) -> _Branch:
-        return _Branch(dict(self.variables), self.state, self.source, self.reward, self.calls)
+        return _Branch(dict(self.variables), self.state, self.source, self.reward, self.calls, self.last)
 
 
 class Rollout:
@@ -243,6 +244,9 @@ class Rollout:
         except Exception as error:  # noqa: BLE001 - one broken branch must not stop the others
             record.status, record.error = "error", describe_error(error)
             return None
+        if output.get("position") is not None:  # the branch's path through the group (what a replay follows)
+            made = next(c for c in record.calls if c.position == output["position"])
+            made.previous, branch.last = branch.last, made.position
         call = self._passed_on(output, record)
         if call is not None:
             source = next((c for c in record.calls if c.position == branch.source), None)

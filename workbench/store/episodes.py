@@ -40,12 +40,7 @@ def write_step(
             )
             call_ids: dict[int, int] = {}  # position in the episode -> stored call id
             for call in sorted(episode.calls, key=lambda c: c.position):
-                call_ids[call.position] = step.add_record(
-                    episode_id,
-                    call,
-                    parent_id=call_ids[call.parent] if call.parent is not None else None,
-                    source_id=call_ids.get(call.source) if call.source is not None else None,
-                )
+                call_ids[call.position] = step.add_record(episode_id, call, call_ids)
         step.log_metrics(metrics)
         for role, values in role_metrics.items():
             step.log_metrics(values, role=role)

@@ -35,7 +35,9 @@ BLOB_DTYPES = {
 JSON_COLUMNS = frozenset(
     {"config", "task_meta", "action", "tool_calls", "tool_results", "rewards", "timings", "payload"}
 )
-NULLABLE_INT_COLUMNS = frozenset({"parent_id", "source_id", "policy_version", "n_prompt", "n_completion"})
+NULLABLE_INT_COLUMNS = frozenset(
+    {"parent_id", "source_id", "previous_id", "policy_version", "n_prompt", "n_completion"}
+)
 COUNTABLE = ("step", "role", "policy", "episode_id", "policy_version")
 _COMPLETE = "step IN (SELECT step FROM steps WHERE status = 'complete')"
 _CHECKPOINT = re.compile(r"step-(\d+)")

@@ -48,6 +48,7 @@ class CallRecord(CallFields):
     trainable: bool
     parent: int | None = None  # position of the parent call within the episode (nested agents)
     source: int | None = None  # position of the call whose output this call consumed (provenance)
+    previous: int | None = None  # grouped rollouts: position of the call before it on its branch
     parsed: Any = None
 
     def owners(self) -> list[int]:

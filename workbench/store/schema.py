@@ -109,8 +109,13 @@ def _v2_call_source(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE calls ADD COLUMN source_id INTEGER REFERENCES calls(id)")
 
 
+def _v3_call_previous(conn: sqlite3.Connection) -> None:
+    """Grouped rollouts: the call before a call on its branch (the path a replay of one branch follows)."""
+    conn.execute("ALTER TABLE calls ADD COLUMN previous_id INTEGER REFERENCES calls(id)")
+
+
 #: Ordered migrations: MIGRATIONS[n] upgrades version n to n + 1.
-MIGRATIONS: list[Migration] = [_v1_baseline, _v2_call_source]
+MIGRATIONS: list[Migration] = [_v1_baseline, _v2_call_source, _v3_call_previous]
 
 #: The version this code writes (the length of MIGRATIONS at import time).
 SCHEMA_VERSION = len(MIGRATIONS)

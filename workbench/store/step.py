@@ -285,12 +285,10 @@ class StepWriter:
         """
         return self._add_row(CallRow(episode_id, role=role, **fields))
 
-    def add_record(
-        self, episode_id: int, call: CallRecord, *, parent_id: int | None = None, source_id: int | None = None
-    ) -> int:
-        """Add the engine's record of a call; `parent_id`/`source_id` are the stored ids of its parent and
-        source calls. Returns its id."""
-        return self._add_row(CallRow.of(call, episode_id, parent_id, source_id))
+    def add_record(self, episode_id: int, call: CallRecord, ids: Mapping[int, int] | None = None) -> int:
+        """Add the engine's record of a call; `ids` maps its episode's positions to the ids of the calls
+        stored before it (its parent, source and previous calls). Returns its id."""
+        return self._add_row(CallRow.of(call, episode_id, ids or {}))
 
     def _add_row(self, row: CallRow) -> int:
         with self._store._mutex, sqlite_errors(self._store.db_path, writer=True):
@@ -383,6 +381,7 @@ class StepWriter:
             prompt_ids=prompt,
             completion_ids=completion,
             source_id=_opt_int(row.source_id, "source_id"),
+            previous_id=_opt_int(row.previous_id, "previous_id"),
         )
         # Everything is valid: only now take a position and an id.
         position = next_position if row.position is None else _opt_int(row.position, "position")
