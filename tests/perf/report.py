@@ -294,6 +294,17 @@ def render_schedulers(r: dict) -> str:
     return "\n".join(lines)
 
 
+def render_replay(r: dict) -> str:
+    return (
+        f"**Replay cost** ({r['mode']} mode, {r['topology']} on {r['model']}, {r['when']}): "
+        f"{r['continuations']} continuations of one stored episode from the call whose prefix holds "
+        f"{r['prefix_share']:.0%} of its completion tokens (`wb.replay`, the prefix answered from the store), "
+        f"against {r['continuations']} fresh episodes of its task (`wb.rollout`), <= {r['max_tokens']} tokens a "
+        f"call, best of {len(r['times']['fresh'])}: replay {r['replay_s']:.2f} s, fresh {r['fresh_s']:.2f} s, "
+        f"ratio {r['ratio']:.2f} (goal <= 0.6)."
+    )
+
+
 RENDERERS = {
     "store": render_store,
     "binpack": render_binpack,
@@ -305,6 +316,7 @@ RENDERERS = {
     "dashboard_queries": render_dashboard_queries,
     "dashboard_load": render_dashboard_load,
     "schedulers": render_schedulers,
+    "replay": render_replay,
 }
 
 

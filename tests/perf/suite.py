@@ -165,6 +165,17 @@ def _dashboard_load(r: dict) -> list[dict]:
     return [headline(measure, value, meaning) for measure, value, meaning in figures if value]
 
 
+def _replay(r: dict) -> list[dict]:
+    return [
+        headline(
+            "replay vs fresh episodes",
+            r["ratio"],
+            f"wb.replay time / wb.rollout time for {r['continuations']} continuations of one episode, the "
+            f"prefix {r['prefix_share']:.0%} of its tokens (goal <= 0.6)",
+        )
+    ]
+
+
 def _backends(r: dict) -> list[dict]:
     b = r["backends"]
     if "hf" not in b or "vllm" not in b:
@@ -227,6 +238,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "dashboard_load": Benchmark(
         "bench_dashboard_load", "dashboard viewers during a training run", _dashboard_load, quick_timeout=300
     ),
+    "replay": Benchmark("bench_replay", "counterfactual replay against fresh episodes", _replay),
     "backends": Benchmark("bench_backends", "vLLM against transformers", _backends, needs=("vllm",)),
 }
 """The suite, in the order it runs. A name ``<benchmark>@<variant>`` (a profile's variant) reads as ``<benchmark>``."""

@@ -90,6 +90,13 @@ def test_engine(run):
     assert "ratio" in run["logs"]["engine"]
 
 
+def test_replay(run):
+    data = figures(run, "replay")
+    assert data["continuations"] == 8 and 0 < data["prefix_share"] < 1
+    assert data["ratio"] == pytest.approx(data["replay_s"] / data["fresh_s"], rel=0.05)  # both rounded
+    assert "ratio" in run["logs"]["replay"]
+
+
 def test_trainer(run):
     data = figures(run, "trainer")
     assert data["workbench_step_s"] > 0 and data["trl_step_s"] > 0

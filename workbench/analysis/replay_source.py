@@ -93,7 +93,7 @@ def load_source(run_dir: str | Path, call_id: int, tasks: list[Task] | None = No
 
 def _record(row: Any, frame: Any) -> CallRecord:
     """A stored call as the engine's record again: its `CallFields` as stored (NULL collections empty), its
-    parent as a position."""
+    links to its parent, source and previous calls as positions in the episode."""
     ids = dict(zip(frame["id"], frame["position"], strict=True))
     stored = {f.name: from_cell(getattr(row, f.name)) for f in fields(CallFields)}
     empty = {"prompt_text": "", "completion_text": "", "tool_calls": [], "tool_results": [], "timings": {},
