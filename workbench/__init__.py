@@ -28,6 +28,8 @@ _LAZY = {
     "resolve_model": ("workbench.models", "resolve"),
     "rollout": ("workbench.runs", "rollout"),
     "replay": ("workbench.analysis.replay", "replay"),
+    "graph_signals": ("workbench.analysis.signals", "graph_signals"),
+    "topology_diagram": ("workbench.analysis.signals", "topology_diagram"),
     "train": ("workbench.training", "train"),
     "resume": ("workbench.training", "resume"),
     "TrainConfig": ("workbench.rl.config", "TrainConfig"),

@@ -35,8 +35,14 @@ def _topology(args: argparse.Namespace) -> int:
     elif args.action == "diagram":
         from workbench.topology.diagram import save
 
-        out = args.out or f"{topology.load(args.source).name}.svg"
-        print(f"wrote {save(topology.load(args.source), out)}")
+        spec, signals = topology.load(args.source), None
+        if args.run:  # the run's own topology, coloured by its signals at a step
+            from workbench.analysis.signals import graph_signals, run_topology_of
+
+            spec = run_topology_of(args.run)
+            signals = graph_signals(args.run, args.step, args.colour_by, spec)
+        out = args.out or f"{spec.name}.svg"
+        print(f"wrote {save(spec, out, signals)}")
     elif args.action == "show":
         print(topology.to_yaml(topology.load(args.source)), end="")
     else:  # validate: the spec's own checks and the registries' (parsers, verifiers, tool kinds, ...)
@@ -202,6 +208,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["list", "show", "validate", "schema", "diagram"])
     p.add_argument("source", nargs="?", default="marsrl", help="built-in name or YAML/JSON file")
     p.add_argument("--out", help="diagram file (.svg or .html; default: NAME.svg)")
+    p.add_argument(
+        "--run", help="diagram: draw this run's topology coloured by its signals (a run directory)"
+    )
+    p.add_argument("--step", type=int, help="diagram --run: the step (default: the last complete one)")
+    p.add_argument(
+        "--colour-by",
+        default="reward/mean",
+        help="diagram --run: the role measure that colours the nodes (accuracy, format/rate, grad_share, kl, "
+        "replay/advantage; default reward/mean)",
+    )
     p.add_argument(
         "--plugins",
         nargs="+",

@@ -86,7 +86,7 @@ def load_source(run_dir: str | Path, call_id: int, tasks: list[Task] | None = No
         reward=float(episode["reward"] or 0.0),
         calls=records,
         call_ids=call_ids,
-        topology=_topology(Path(info["run_dir"]), config),
+        topology=run_topology(Path(info["run_dir"]), config),
         task=_task(Path(info["run_dir"]), config, str(episode["task_id"]), tasks),
     )
 
@@ -110,7 +110,7 @@ def _record(row: Any, frame: Any) -> CallRecord:
     )
 
 
-def _topology(run_dir: Path, config: dict[str, Any]) -> Topology:
+def run_topology(run_dir: Path, config: dict[str, Any]) -> Topology:
     """The spec the run ran: stored in its config (a rollout), beside it (a training run), or by name."""
     from workbench.engine.spec_checks import from_dict, load
     from workbench.rl.policies import per_role_policies

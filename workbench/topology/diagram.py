@@ -20,7 +20,7 @@ from xml.sax.saxutils import escape
 
 from workbench.topology.spec import END, AgentNode, CallNode, DagNode, Flow, MapNode, Topology
 
-__all__ = ["DiagramError", "save", "to_html", "to_svg"]
+__all__ = ["DiagramError", "Signals", "save", "to_html", "to_svg"]
 
 FONT = "Helvetica, Arial, 'DejaVu Sans', sans-serif"
 COLORS = {  # kind -> (fill, stroke)
@@ -37,6 +37,43 @@ VGAP, PAD, TITLE_H, LANE = 26.0, 18.0, 34.0, 14.0
 
 class DiagramError(ValueError):
     """A diagram could not be drawn or written (the message says what to change)."""
+
+
+@dataclass(frozen=True)
+class Signals:
+    """Numbers to draw on a diagram (``workbench.analysis.signals`` reads them from a run).
+
+    ``roles``: role -> {measure: value}; each node of a role is filled by its ``colour_by`` value on a scale
+    from ``low`` (red) to ``high`` (green), shows that value, and lists every measure when hovered.
+    ``edges``: (from node, to node) -> {measure: value} (``"<start>"``/``"<end>"`` for the markers); an edge
+    with ``taken`` is labelled with that share, and every measure is listed when hovered. ``title`` says
+    what the numbers are (a run, a step).
+    """
+
+    title: str
+    roles: dict[str, dict[str, float]]
+    colour_by: str
+    edges: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
+    low: float = 0.0
+    high: float = 1.0
+
+    def fill(self, role: str) -> str | None:
+        """The fill colour of a node of ``role``; None where the role has no ``colour_by`` value."""
+        value = self.roles.get(role, {}).get(self.colour_by)
+        if value is None or value != value:  # NaN: not measured
+            return None
+        t = min(max((value - self.low) / ((self.high - self.low) or 1.0), 0.0), 1.0)
+        low, mid, high = (0xF4, 0xA5, 0xA0), (0xFF, 0xF6, 0xD5), (0x9B, 0xD8, 0xA5)
+        a, b, u = (low, mid, 2 * t) if t < 0.5 else (mid, high, 2 * t - 1)
+        return "#" + "".join(f"{round(x + (y - x) * u):02x}" for x, y in zip(a, b, strict=True))
+
+
+def _measures(values: dict[str, float]) -> str:
+    return "\n".join(f"{name}: {_figure(v)}" for name, v in values.items())
+
+
+def _figure(value: float) -> str:
+    return "n/a" if value != value else f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
 
 
 def _w(text: str, size: float, bold: bool = False) -> float:
@@ -93,6 +130,7 @@ class _Item:
     key: str
     kind: str  # call / agent / map / dag / missing, or start / end / dummy
     line2: str = ""
+    role: str = ""  # the role (or graph) the node runs
     tip: str = ""
     w: float = 0.0  # whole block: loop room + box + tool row
     h: float = 0.0
@@ -201,7 +239,7 @@ class _Cluster:
                     self.sources.append((name, None, sub, f"DAG agent {agents} of {name}"))
             line2 = f"{kind} · {role}"
             bw = max(90.0, _w(name, 13, True) + 24, _w(line2, 11) + 20)
-            item = _Item(name, kind, line2, tip, box_w=bw, box_h=NODE_H)
+            item = _Item(name, kind, line2, role, tip, box_w=bw, box_h=NODE_H)
             for i, tname in enumerate(node.tools if isinstance(node, AgentNode) else []):
                 tool = topology.tools.get(tname)
                 if tool is None:
@@ -226,6 +264,7 @@ class _Cluster:
                     key,
                     "missing",
                     "undefined node",
+                    "",
                     "undefined node",
                     box_w=max(110.0, _w(key, 13, True) + 24),
                     box_h=NODE_H,
@@ -374,7 +413,7 @@ class _Cluster:
         subs = [s for k, _, s, _ in self.sources if k == key]
         return it.left + it.box_w * (subs.index(sub) + 1) / (len(subs) + 1), it.y + it.top + it.box_h
 
-    def svg(self, width: float, uid: str) -> list[str]:
+    def svg(self, width: float, uid: str, signals: Signals | None = None) -> list[str]:
         ox, oy = self.ox, self.oy
         out = [
             f'<g class="cluster" data-flow={_a(self.name)}>'
@@ -393,15 +432,21 @@ class _Cluster:
             color = BACK if e.back else EDGE
             cls = "edge back" if e.back else "edge" if e.counted else "start-edge"
             tip = f"{e.src} → {e.dst}" + (f" when {e.when}" if e.when else "")
+            measured = signals.edges.get((e.src, e.dst)) if signals is not None else None
+            label = e.label
+            if measured:
+                tip += "\n" + _measures(measured)
+                if "taken" in measured:
+                    label = f"{label} · {measured['taken']:.0%}" if label else f"{measured['taken']:.0%}"
             out.append(
                 f'<g class="{cls}" data-from={_a(e.src)} data-to={_a(e.dst)}><title>{escape(tip)}</title>'
                 f'<path d="{d}" fill="none" stroke="{color}" stroke-width="1.5"'
                 f' marker-end="url(#{uid}-{"back" if e.back else "fwd"})"/></g>'
             )
-            if e.label:
-                labels.append(_label(*mid, e.label, color, italic=not e.when))
+            if label:
+                labels.append(_label(*mid, label, color, italic=not e.when))
         for it in self.items.values():
-            out.extend(self._item(it))
+            out.extend(self._item(it, signals))
         return out + labels
 
     def _path(self, e: _Edge, seen: dict[tuple[str, str], int]) -> tuple[str, tuple[float, float]]:
@@ -428,7 +473,7 @@ class _Cluster:
                 d += f" L {_n(x0)} {_n(y0)}"
         return d, mid or (x0, y0)
 
-    def _item(self, it: _Item) -> list[str]:
+    def _item(self, it: _Item, signals: Signals | None = None) -> list[str]:
         if it.kind == "dummy":
             return []
         if it.kind in ("start", "end"):
@@ -443,13 +488,22 @@ class _Cluster:
                 f' r="{_n(MARK_R)}" fill="{fill}" stroke="{INK}" stroke-width="1.5"/>{inner}</g>'
             ]
         fill, stroke = COLORS[it.kind]
-        top = it.y + it.top
+        top, tip, line2, value = it.y + it.top, it.tip, it.line2, ""
+        measured = signals.roles.get(it.role) if signals is not None else None
+        if measured:
+            fill = signals.fill(it.role) or fill
+            tip += f"\n{signals.title}\n" + _measures(measured)
+            if signals.colour_by in measured:
+                shown = measured[signals.colour_by]
+                line2 = f"{it.role} · {shown:.2f}"  # as wide as "kind · role": the box fits it
+                value = f" data-value={_a(shown)}"
         out = [
-            f'<g class="node" data-name={_a(it.key)} data-kind="{it.kind}"><title>{escape(it.tip)}</title>'
+            f'<g class="node" data-name={_a(it.key)} data-kind="{it.kind}" data-role={_a(it.role)}{value}>'
+            f"<title>{escape(tip)}</title>"
             f'<rect x="{_n(it.left)}" y="{_n(top)}" width="{_n(it.box_w)}" height="{_n(it.box_h)}" rx="6"'
             f' fill="{fill}" stroke="{stroke}" stroke-width="1.4"/>',
             _text(it.cx, top + 17, it.key, 13, True),
-            _text(it.cx, top + 32, it.line2, 11, fill=stroke) + "</g>",
+            _text(it.cx, top + 32, line2, 11, fill=stroke) + "</g>",
         ]
         for name, detail, x, y, w in it.tool_boxes():
             sx = min(max(x + w / 2, it.left + 10), it.right - 10)
@@ -473,8 +527,9 @@ def _marker(uid: str, name: str, color: str) -> str:
     )
 
 
-def to_svg(topology: Topology) -> str:
-    """The topology as a standalone SVG document (a string; no XML declaration, so it can be inlined)."""
+def to_svg(topology: Topology, signals: Signals | None = None) -> str:
+    """The topology as a standalone SVG document (a string; no XML declaration, so it can be inlined), its
+    nodes and edges coloured and labelled by ``signals`` where given."""
     if not isinstance(topology, Topology):
         raise DiagramError(
             f"cannot draw a {type(topology).__name__}: pass a Topology (workbench.topology.load(name))"
@@ -510,8 +565,14 @@ def to_svg(topology: Topology) -> str:
     body += [
         _text(16, 44 + 15 * i, line, 11.5, fill="#52606d", anchor="start") for i, line in enumerate(lines)
     ]
+    if signals is not None:
+        body.append(
+            _text(
+                16 + _w(topology.name, 16, True) + 14, 26, signals.title, 11.5, fill="#52606d", anchor="start"
+            )
+        )
     for c in clusters:
-        body += c.svg(width, uid)
+        body += c.svg(width, uid, signals)
     incoming: dict[int, int] = {}
     for g, (_, ci, key, tool, ti) in enumerate(links):
         src, dst = clusters[ci], clusters[ti]
@@ -528,9 +589,10 @@ def to_svg(topology: Topology) -> str:
     return "\n".join(body) + "\n</svg>\n"
 
 
-def to_html(topology: Topology, standalone: bool = True) -> str:
+def to_html(topology: Topology, standalone: bool = True, signals: Signals | None = None) -> str:
     """The diagram inside HTML: a whole offline page, or (``standalone=False``) a fragment for notebooks."""
-    div = f'<div class="topology-diagram" style="overflow:auto;max-width:100%">\n{to_svg(topology)}</div>\n'
+    svg = to_svg(topology, signals)
+    div = f'<div class="topology-diagram" style="overflow:auto;max-width:100%">\n{svg}</div>\n'
     if not standalone:
         return div
     return (
@@ -545,13 +607,14 @@ def notebook_html(topology: Topology) -> str:
     return to_html(topology, standalone=False)
 
 
-def save(topology: Topology, path: str | Path) -> Path:
-    """Write the diagram to ``path`` (``.svg``, ``.html`` or ``.htm``), atomically; returns the path."""
+def save(topology: Topology, path: str | Path, signals: Signals | None = None) -> Path:
+    """Write the diagram (coloured by ``signals`` where given) to ``path`` (``.svg``, ``.html`` or ``.htm``),
+    atomically; returns the path."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in (".svg", ".html", ".htm"):
         raise DiagramError(f"cannot write a diagram to {path.name}: use a .svg or .html path")
-    text = to_svg(topology) if suffix == ".svg" else to_html(topology)
+    text = to_svg(topology, signals) if suffix == ".svg" else to_html(topology, signals=signals)
     if not path.parent.is_dir():
         raise DiagramError(f"cannot write {path}: folder {path.parent} does not exist; create it first")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

@@ -1,0 +1,174 @@
+"""A run's RL signals on its topology's graph: per role and per edge, at one step, for the diagram.
+
+    signals = graph_signals(run_dir)                          # the last complete step, coloured by reward/mean
+    signals = graph_signals(run_dir, step=3, colour_by="accuracy")
+    topology_diagram(run_dir, step=3)                         # the run's topology drawn with them (HTML)
+    workbench topology diagram --run RUN_DIR --step 3 --out graph.html   # the same from a shell
+    [graph_signals(run_dir, step=s) for s in steps]           # one a step: an animation's frames
+
+Per role, the run's per-role metrics at that step (``ROLE_MEASURES`` where recorded) and, where replays of the
+run's calls exist beside it (``wb.replay``), ``replay/advantage``: the mean Q - V of the replays made from that
+role's calls. Per edge, read from the step's stored calls (the call after a call is the one linked to it as
+``previous`` in a grouped rollout, else the episode's next top-level call): ``taken``, the share of the source
+node's calls followed by a call of the target node (``<end>``: the last of its episode), and where both roles
+are rewarded on their answer and the later call read the earlier one's (its ``source``), ``fixed`` and
+``broke``: the shares of those calls that turned a wrong answer into a right one, or a right one into a wrong
+one. A role that runs at several nodes of the main flow gets node colours but no edge figures.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from workbench.store import RunReader, list_runs
+from workbench.topology import Topology
+from workbench.topology.diagram import Signals, to_html
+from workbench.topology.spec import END, AgentNode, CallNode
+
+#: Per-role metrics drawn on a node, where the run recorded them.
+ROLE_MEASURES = ("reward/mean", "accuracy", "format/rate", "grad_share", "kl")
+#: The call columns an edge's figures are read from.
+_CALL_COLUMNS = ["episode_id", "role", "position", "parent_id", "source_id", "previous_id", "rewards"]
+
+
+def graph_signals(
+    run_dir: str | Path,
+    step: int | None = None,
+    colour_by: str = "reward/mean",
+    topology: Topology | None = None,
+) -> Signals:
+    """The signals of the run in ``run_dir`` at ``step`` (default: its last complete step), its nodes
+    coloured by ``colour_by`` (a role measure, e.g. ``accuracy`` or ``replay/advantage``)."""
+    with RunReader(run_dir) as reader:
+        topology = topology or _topology(reader)
+        wide = reader.metrics_wide()
+        if step is None:
+            if wide.empty:
+                raise ValueError(f"the run in {run_dir} has no complete step yet")
+            step = int(wide.index.max())
+        if step not in wide.index:
+            raise ValueError(f"the run in {run_dir} has no complete step {step}; it has {sorted(wide.index)}")
+        row = wide.loc[step]
+        roles = {
+            role: {m: float(row[f"{role}/{m}"]) for m in ROLE_MEASURES if f"{role}/{m}" in row.index}
+            for role in topology.roles
+        }
+        for role, advantage in _replay_advantages(reader).items():
+            roles.setdefault(role, {})["replay/advantage"] = advantage
+        edges = _edges(topology, reader.calls(step=step, columns=_CALL_COLUMNS))
+        run_id = reader.run_id
+    low, high = (-1.0, 1.0) if colour_by == "replay/advantage" else (0.0, 1.0)
+    roles = {role: values for role, values in roles.items() if values}
+    return Signals(f"{run_id}, step {step}: colour = {colour_by}", roles, colour_by, edges, low, high)
+
+
+def topology_diagram(run_dir: str | Path, step: int | None = None, colour_by: str = "reward/mean") -> Any:
+    """The run's topology drawn with its signals at ``step``, as a notebook's HTML output."""
+    from IPython.display import HTML
+
+    topology = run_topology_of(run_dir)
+    signals = graph_signals(run_dir, step, colour_by, topology)
+    return HTML(to_html(topology, standalone=False, signals=signals))
+
+
+def run_topology_of(run_dir: str | Path) -> Topology:
+    """The topology the run in ``run_dir`` ran."""
+    with RunReader(run_dir) as reader:
+        return _topology(reader)
+
+
+def _topology(reader: RunReader) -> Topology:
+    from workbench.analysis.replay_source import run_topology
+
+    return run_topology(Path(reader.info()["run_dir"]), reader.config)
+
+
+def _nodes_by_role(topology: Topology) -> dict[str, str]:
+    """Role -> its node in the main flow, for the roles that run at exactly one node."""
+    found: dict[str, list[str]] = defaultdict(list)
+    for name, node in topology.flow.nodes.items():
+        role = (
+            node.call if isinstance(node, CallNode) else node.agent if isinstance(node, AgentNode) else None
+        )
+        if role is not None:
+            found[role].append(name)
+    return {role: names[0] for role, names in found.items() if len(names) == 1}
+
+
+def _edges(topology: Topology, calls: Any) -> dict[tuple[str, str], dict[str, float]]:
+    """Each edge's ``taken`` share (and ``fixed``/``broke`` between two answers) over ``calls`` of one step."""
+    import pandas as pd
+
+    node_of = _nodes_by_role(topology)
+    answers = {role for role, spec in topology.roles.items() if spec.reward.kind == "answer"}
+    top = calls[calls["parent_id"].isna()]
+    by_id = {int(i): row for i, row in zip(top["id"], top.itertuples(index=False), strict=True)}
+    after: dict[int, int] = {}  # call id -> the id of the call after it
+    if top["previous_id"].notna().any():
+        after = {int(p): int(i) for i, p in zip(top["id"], top["previous_id"], strict=True) if pd.notna(p)}
+    else:
+        for _, episode in top.sort_values("position").groupby("episode_id"):
+            ids = [int(i) for i in episode["id"]]
+            after.update(zip(ids, ids[1:], strict=False))
+    out_of: Counter[str] = Counter()
+    taken: Counter[tuple[str, str]] = Counter()
+    changed: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+    for call_id, row in by_id.items():
+        node = node_of.get(row.role)
+        if node is None:
+            continue
+        out_of[node] += 1
+        nxt = by_id.get(after.get(call_id, -1))
+        target = "<end>" if nxt is None else node_of.get(nxt.role)
+        if target is None:
+            continue
+        taken[(node, target)] += 1
+        source = by_id.get(int(nxt.source_id)) if nxt is not None and pd.notna(nxt.source_id) else None
+        if source is not None and source.role in answers and nxt.role in answers:
+            before, now = _reward(source), _reward(nxt)
+            if before is not None and now is not None:
+                changed[(node, target)]["n"] += 1
+                changed[(node, target)]["fixed"] += before < 0.5 <= now
+                changed[(node, target)]["broke"] += now < 0.5 <= before
+    edges: dict[tuple[str, str], dict[str, float]] = {}
+    for (node, target), n in taken.items():
+        edges[(node, target)] = {"taken": n / out_of[node], "calls": float(n)}
+        counts = changed.get((node, target))
+        if counts:
+            edges[(node, target)].update(
+                fixed=counts["fixed"] / counts["n"], broke=counts["broke"] / counts["n"]
+            )
+    if topology.flow.start != END and topology.flow.start in out_of:
+        edges[("<start>", topology.flow.start)] = {"calls": float(out_of[topology.flow.start])}
+    return edges
+
+
+def _reward(row: Any) -> float | None:
+    rewards = row.rewards if isinstance(row.rewards, dict) else {}
+    value = rewards.get("reward")
+    return None if value is None else float(value)
+
+
+def _replay_advantages(reader: RunReader) -> dict[str, float]:
+    """Role -> the mean Q - V (episode reward, keep arm minus resample arm) of the replays made from this
+    run's calls that are stored beside it."""
+    run_dir = Path(reader.info()["run_dir"])
+    found: dict[str, list[float]] = defaultdict(list)
+    for run in list_runs(run_dir.parent).itertuples(index=False):
+        path = Path(str(run.run_dir))
+        if path.resolve() == run_dir.resolve() or isinstance(run.error, str):
+            continue
+        with RunReader(path) as replay:
+            config = replay.config
+            source = config.get("source") or {}
+            if config.get("kind") != "replay" or source.get("run_id") != reader.run_id:
+                continue
+            arms = list(config.get("arms") or [])
+            if "keep" not in arms or "resample" not in arms:
+                continue
+            episodes = replay.episodes()
+            mean = {arm: episodes[episodes["step"] == k]["reward"].mean() for k, arm in enumerate(arms)}
+        found[str(source.get("role"))].append(float(mean["keep"] - mean["resample"]))
+    return {role: sum(v) / len(v) for role, v in found.items()}
