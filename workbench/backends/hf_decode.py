@@ -102,7 +102,7 @@ def _distinct_rows(input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.T
             seen[key] = len(firsts)
             firsts.append(r)
         copy_of.append(seen[key])
-    return torch.tensor(firsts, device=input_ids.device), torch.tensor(copy_of, device=input_ids.device)
+    return torch.tensor(firsts), torch.tensor(copy_of)
 
 
 def _generators(seeds: list[int | None] | None, device: torch.device) -> list[torch.Generator | None] | None:
