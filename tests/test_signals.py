@@ -56,6 +56,28 @@ def test_edges_count_the_branches_taken_and_the_answers_fixed_and_broken(tmp_pat
     assert edges[("correct1", "<end>")]["taken"] == 1.0
 
 
+def test_a_fan_out_counts_each_call_once_and_every_later_answer(tmp_path):
+    """A grouped rollout: one Verifier call followed by two Corrector samples (one fixes, one does not)."""
+    store = RunStore.create(tmp_path, config={"kind": "rollout", "topology": "marsrl"})
+    with store.step(0) as step:
+        episode = step.add_episode()
+        solver = step.add_call(episode, role="solver", completion_ids=[1], rewards={"reward": 0.0})
+        verifier = step.add_call(
+            episode, role="verifier1", completion_ids=[2], source_id=solver, previous_id=solver
+        )
+        for reward in (1.0, 0.0):
+            step.add_call(
+                episode, role="corrector1", completion_ids=[3], rewards={"reward": reward}, source_id=solver,
+                previous_id=verifier,
+            )  # fmt: skip
+    store.close()
+    edges = graph_signals(store.run_dir).edges
+    assert edges[("verify1", "correct1")] == {"taken": 1.0, "calls": 1.0, "fixed": 0.5, "broke": 0.0}
+    assert edges[("correct1", "<end>")] == {"taken": 1.0, "calls": 2.0}
+    with pytest.raises(ValueError, match=r"no complete step 7; it has \[0\]"):
+        graph_signals(store.run_dir, step=7)
+
+
 def test_the_cli_draws_a_runs_topology_coloured_by_a_measure(tmp_path, capsys):
     from workbench.cli import main
 

@@ -43,18 +43,20 @@ def graph_signals(
     coloured by ``colour_by`` (a role measure, e.g. ``accuracy`` or ``replay/advantage``)."""
     with RunReader(run_dir) as reader:
         topology = topology or _topology(reader)
+        complete = reader.sql("SELECT step FROM steps WHERE status = 'complete' ORDER BY step")[
+            "step"
+        ].tolist()
+        if not complete:
+            raise ValueError(f"the run in {run_dir} has no complete step yet")
+        step = complete[-1] if step is None else step
+        if step not in complete:
+            raise ValueError(f"the run in {run_dir} has no complete step {step}; it has {complete}")
         wide = reader.metrics_wide()
-        if step is None:
-            if wide.empty:
-                raise ValueError(f"the run in {run_dir} has no complete step yet")
-            step = int(wide.index.max())
-        if step not in wide.index:
-            raise ValueError(f"the run in {run_dir} has no complete step {step}; it has {sorted(wide.index)}")
-        row = wide.loc[step]
+        row = wide.loc[step] if step in wide.index else None
         roles = {
             role: {m: float(row[f"{role}/{m}"]) for m in ROLE_MEASURES if f"{role}/{m}" in row.index}
             for role in topology.roles
-        }
+        } if row is not None else {}  # fmt: skip
         for role, advantage in _replay_advantages(reader).items():
             roles.setdefault(role, {})["replay/advantage"] = advantage
         edges = _edges(topology, reader.calls(step=step, columns=_CALL_COLUMNS))
@@ -99,19 +101,11 @@ def _nodes_by_role(topology: Topology) -> dict[str, str]:
 
 def _edges(topology: Topology, calls: Any) -> dict[tuple[str, str], dict[str, float]]:
     """Each edge's ``taken`` share (and ``fixed``/``broke`` between two answers) over ``calls`` of one step."""
-    import pandas as pd
-
     node_of = _nodes_by_role(topology)
     answers = {role for role, spec in topology.roles.items() if spec.reward.kind == "answer"}
     top = calls[calls["parent_id"].isna()]
     by_id = {int(i): row for i, row in zip(top["id"], top.itertuples(index=False), strict=True)}
-    after: dict[int, int] = {}  # call id -> the id of the call after it
-    if top["previous_id"].notna().any():
-        after = {int(p): int(i) for i, p in zip(top["id"], top["previous_id"], strict=True) if pd.notna(p)}
-    else:
-        for _, episode in top.sort_values("position").groupby("episode_id"):
-            ids = [int(i) for i in episode["id"]]
-            after.update(zip(ids, ids[1:], strict=False))
+    after = _calls_after(top)
     out_of: Counter[str] = Counter()
     taken: Counter[tuple[str, str]] = Counter()
     changed: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
@@ -120,13 +114,15 @@ def _edges(topology: Topology, calls: Any) -> dict[tuple[str, str], dict[str, fl
         if node is None:
             continue
         out_of[node] += 1
-        nxt = by_id.get(after.get(call_id, -1))
-        target = "<end>" if nxt is None else node_of.get(nxt.role)
-        if target is None:
-            continue
-        taken[(node, target)] += 1
-        source = by_id.get(int(nxt.source_id)) if nxt is not None and pd.notna(nxt.source_id) else None
-        if source is not None and source.role in answers and nxt.role in answers:
+        following = [by_id[i] for i in after.get(call_id, [])]
+        targets = {node_of.get(f.role) for f in following} if following else {"<end>"}
+        for target in targets - {None}:
+            taken[(node, target)] += 1  # once a call: the share of this node's calls that went there
+        for nxt in following:
+            source = by_id.get(_link(nxt.source_id))
+            target = node_of.get(nxt.role)
+            if target is None or source is None or source.role not in answers or nxt.role not in answers:
+                continue
             before, now = _reward(source), _reward(nxt)
             if before is not None and now is not None:
                 changed[(node, target)]["n"] += 1
@@ -143,6 +139,29 @@ def _edges(topology: Topology, calls: Any) -> dict[tuple[str, str], dict[str, fl
     if topology.flow.start != END and topology.flow.start in out_of:
         edges[("<start>", topology.flow.start)] = {"calls": float(out_of[topology.flow.start])}
     return edges
+
+
+def _calls_after(top: Any) -> dict[int, list[int]]:
+    """Call id -> the ids of the calls right after it: those linked to it as ``previous`` (a grouped rollout
+    fans out), else the episode's next top-level call."""
+    after: dict[int, list[int]] = defaultdict(list)
+    if top["previous_id"].notna().any():
+        for call_id, previous in zip(top["id"], top["previous_id"], strict=True):
+            if _link(previous) is not None:
+                after[_link(previous)].append(int(call_id))
+    else:
+        for _, episode in top.sort_values("position").groupby("episode_id"):
+            ids = [int(i) for i in episode["id"]]
+            for a, b in zip(ids, ids[1:], strict=False):
+                after[a].append(b)
+    return after
+
+
+def _link(value: Any) -> int | None:
+    """A stored link (a nullable id) as an int, or None."""
+    import pandas as pd
+
+    return None if pd.isna(value) else int(value)
 
 
 def _reward(row: Any) -> float | None:
