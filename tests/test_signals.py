@@ -124,3 +124,20 @@ def test_a_replay_of_a_runs_call_gives_its_role_a_replay_advantage(tmp_path):
     signals = graph_signals(run.run_dir, colour_by="replay/advantage")
     assert signals.roles[judge["role"]]["replay/advantage"] == pytest.approx(result.estimate.advantage.mean)
     assert (signals.low, signals.high) == (-1.0, 1.0)
+
+
+def test_the_run_graph_widget_redraws_for_a_step_and_a_measure(tmp_path):
+    from widgets.run_graph import RunGraph
+
+    run_dir = _marsrl_run(tmp_path, linked=False)
+    graph = RunGraph(run_dir)
+    assert graph.step.options == [0] and 'data-name="solve"' in graph.diagram.object
+    assert 'data-value="0.5"' in graph.diagram.object and "colour = reward/mean" in graph.diagram.object
+    graph.colour_by.value = "format/rate"
+    assert "colour = format/rate" in graph.diagram.object and 'data-value="1.0"' in graph.diagram.object
+    store = RunStore.create(tmp_path / "empty", config={"kind": "rollout", "topology": "marsrl"})
+    store.close()
+    assert (
+        "No graph: " in RunGraph(store.run_dir).diagram.object
+        and "no complete step" in RunGraph(store.run_dir).diagram.object
+    )

@@ -1,4 +1,4 @@
-"""The team dashboard: every run in a directory, with its live curves, trajectories and config.
+"""The team dashboard: every run in a directory, with its live curves, trajectories, graph and config.
 
 ``Dashboard(runs_dir, role)`` is one person's view (one per browser session when served by
 ``workbench serve``; displayable in a notebook too). The runs table refreshes every second; selecting
@@ -145,20 +145,32 @@ class Dashboard(pn.viewable.Viewer):
         )
         self._views = [monitor]
         trajectories = pn.Column(pn.pane.Markdown("Loading…"), sizing_mode="stretch_width")
+        graph = pn.Column(pn.pane.Markdown("Loading…"), sizing_mode="stretch_width")
         tabs = pn.Tabs(
             ("Curves", monitor),
             ("Trajectories", trajectories),
+            ("Graph", graph),
             ("Config", pn.pane.JSON(monitor.feed.reader.config, depth=2, sizing_mode="stretch_width")),
             dynamic=True,
             sizing_mode="stretch_width",
         )
 
-        def open_trajectories(event: Any) -> None:
-            if event.new == 1 and self.selected == run_dir and len(self._views) == 1:
+        def open_tab(
+            event: Any,
+        ) -> None:  # the trajectory browser and the graph read the store when first shown
+            if self.selected != run_dir:
+                return
+            if event.new == 1 and len(self._views) == 1:
                 self._views.append(browser := self._browser(run_dir))
                 trajectories.objects = [browser]
+            elif (
+                event.new == 2 and len(graph.objects) == 1 and isinstance(graph.objects[0], pn.pane.Markdown)
+            ):
+                from widgets.run_graph import RunGraph
 
-        tabs.param.watch(open_trajectories, "active")
+                graph.objects = [RunGraph(run_dir)]
+
+        tabs.param.watch(open_tab, "active")
         self._show_status()
         self.run_view.objects = [self._run_header, tabs]
 

@@ -193,6 +193,22 @@ def test_a_call_tree_expands_with_its_token_colouring(site, page):
     screenshot(page, "dashboard-call-tree")
 
 
+def test_a_runs_graph_tab_colours_its_topology_by_the_last_step(site, page):
+    served, _, _ = site
+    _sign_in(page, served.url, VIEWER)
+    page.get_by_text("live run").first.click()
+    page.get_by_text("Graph").first.click()
+    solve = page.locator('.topology-diagram g.node[data-name="solve"]').first
+    solve.wait_for(timeout=20_000)
+    step = float(solve.get_attribute("data-value")) / 0.2  # the solver's reward/mean is 0.2 x step
+    assert step >= 1 and abs(step - round(step)) < 1e-6, "the last complete step's number"
+    assert (
+        page.locator('.topology-diagram g.node[data-name="verify1"]').first.get_attribute("data-value")
+        is None
+    )
+    screenshot(page, "dashboard-graph")
+
+
 def test_the_editor_loads_marsrl_and_a_canvas_edit_reaches_the_yaml(site, page):
     served, _, _ = site
     _sign_in(page, served.url, VIEWER)

@@ -84,7 +84,13 @@ def run_topology_of(run_dir: str | Path) -> Topology:
 def _topology(reader: RunReader) -> Topology:
     from workbench.analysis.replay_source import run_topology
 
-    return run_topology(Path(reader.info()["run_dir"]), reader.config)
+    info = reader.info()
+    config = dict(reader.config)
+    if not config.get("topology"):  # a run that named its topology only in the runs table
+        config["topology"] = info.get("topology")
+    if not config["topology"]:
+        raise ValueError(f"the run in {info['run_dir']} names no topology")
+    return run_topology(Path(info["run_dir"]), config)
 
 
 def _nodes_by_role(topology: Topology) -> dict[str, str]:
