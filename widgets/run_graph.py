@@ -15,8 +15,15 @@ from typing import Any
 
 import panel as pn
 
-from workbench.analysis.signals import ROLE_MEASURES, graph_signals, run_topology_of
+from workbench.analysis.signals import (
+    ROLE_MEASURES,
+    complete_steps,
+    graph_signals,
+    replay_advantages,
+    run_topology_of,
+)
 from workbench.store import RunReader
+from workbench.store.errors import StoreError
 from workbench.topology.diagram import to_html
 
 MEASURES = [*ROLE_MEASURES, "replay/advantage"]
@@ -28,10 +35,8 @@ class RunGraph(pn.viewable.Viewer):
     def __init__(self, run_dir: str | Path, colour_by: str = "reward/mean", **params: Any):
         super().__init__(**params)
         self.run_dir = Path(run_dir)
-        with RunReader(self.run_dir) as reader:
-            steps = reader.sql("SELECT step FROM steps WHERE status = 'complete' ORDER BY step")[
-                "step"
-            ].tolist()
+        with RunReader(self.run_dir) as reader:  # read once: the replays beside it do not change by step
+            steps, self._advantages = complete_steps(reader), replay_advantages(reader)
         self.step = pn.widgets.DiscreteSlider(name="step", options=steps or [0], value=(steps or [0])[-1])
         self.step.disabled = not steps
         self.colour_by = pn.widgets.Select(name="colour by", options=MEASURES, value=colour_by, width=180)
@@ -45,9 +50,11 @@ class RunGraph(pn.viewable.Viewer):
         """Redraw the diagram for the chosen step and measure (a message where it cannot be drawn)."""
         try:
             self._topology = self._topology or run_topology_of(self.run_dir)
-            signals = graph_signals(self.run_dir, self.step.value, self.colour_by.value, self._topology)
+            signals = graph_signals(
+                self.run_dir, self.step.value, self.colour_by.value, self._topology, self._advantages
+            )
             self.diagram.object = to_html(self._topology, standalone=False, signals=signals)
-        except (ValueError, OSError) as error:
+        except (ValueError, OSError, StoreError) as error:
             self.diagram.object = f'<p class="wb-run-graph-error">No graph: {escape(str(error))}</p>'
 
     def __panel__(self) -> pn.viewable.Viewable:

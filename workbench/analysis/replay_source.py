@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.store import RunReader
-from workbench.store.codec import from_cell
+from workbench.store.codec import from_cell, int_from_cell
 from workbench.store.records import CallFields, CallRecord
 from workbench.tasks import Task
 from workbench.topology import Topology
@@ -81,7 +81,7 @@ def load_source(run_dir: str | Path, call_id: int, tasks: list[Task] | None = No
         call_id=int(call_id),
         position=position,
         role=str(stored["role"]),
-        advantage=_number(stored["advantage"]),
+        advantage=from_cell(stored["advantage"]),
         sample=int(meta.get("sample", 0)),
         reward=float(episode["reward"] or 0.0),
         calls=records,
@@ -99,7 +99,7 @@ def _record(row: Any, frame: Any) -> CallRecord:
     empty = {"prompt_text": "", "completion_text": "", "tool_calls": [], "tool_results": [], "timings": {},
              "rewards": {}, "policy_version": 0}  # fmt: skip
     stored.update({k: v for k, v in empty.items() if stored[k] is None})
-    links = {link: _int(getattr(row, f"{link}_id")) for link in ("parent", "source", "previous")}
+    links = {link: int_from_cell(getattr(row, f"{link}_id")) for link in ("parent", "source", "previous")}
     return CallRecord(
         **stored,
         **{link: None if i is None else int(ids[i]) for link, i in links.items()},
@@ -146,17 +146,3 @@ def _task(run_dir: Path, config: dict[str, Any], task_id: str, tasks: list[Task]
             f"the task '{task_id}' of the episode is not known here: pass the run's tasks (tasks=[...])"
         )
     return found
-
-
-def _number(value: Any) -> float | None:
-    """A stored REAL as a float; None for NULL (NaN in a frame)."""
-    import pandas as pd
-
-    return None if value is None or pd.isna(value) else float(value)
-
-
-def _int(value: Any) -> int | None:
-    """A stored nullable INTEGER as an int; None for NULL (NA in a frame)."""
-    import pandas as pd
-
-    return None if value is None or pd.isna(value) else int(value)

@@ -22,7 +22,10 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from workbench.store import RunReader, list_runs
+from workbench.store import RunReader
+from workbench.store.codec import int_from_cell
+from workbench.store.errors import StoreError
+from workbench.store.layout import DB_NAME
 from workbench.topology import Topology
 from workbench.topology.diagram import Signals, to_html
 from workbench.topology.spec import END, AgentNode, CallNode
@@ -38,14 +41,14 @@ def graph_signals(
     step: int | None = None,
     colour_by: str = "reward/mean",
     topology: Topology | None = None,
+    advantages: dict[str, float] | None = None,
 ) -> Signals:
     """The signals of the run in ``run_dir`` at ``step`` (default: its last complete step), its nodes
-    coloured by ``colour_by`` (a role measure, e.g. ``accuracy`` or ``replay/advantage``)."""
+    coloured by ``colour_by`` (a role measure, e.g. ``accuracy`` or ``replay/advantage``). ``topology`` and
+    ``advantages`` (``replay_advantages``), where given, are not read again (they do not change by step)."""
     with RunReader(run_dir) as reader:
         topology = topology or _topology(reader)
-        complete = reader.sql("SELECT step FROM steps WHERE status = 'complete' ORDER BY step")[
-            "step"
-        ].tolist()
+        complete = complete_steps(reader)
         if not complete:
             raise ValueError(f"the run in {run_dir} has no complete step yet")
         step = complete[-1] if step is None else step
@@ -57,7 +60,8 @@ def graph_signals(
             role: {m: float(row[f"{role}/{m}"]) for m in ROLE_MEASURES if f"{role}/{m}" in row.index}
             for role in topology.roles
         } if row is not None else {}  # fmt: skip
-        for role, advantage in _replay_advantages(reader).items():
+        advantages = replay_advantages(reader) if advantages is None else advantages
+        for role, advantage in advantages.items():
             roles.setdefault(role, {})["replay/advantage"] = advantage
         edges = _edges(topology, reader.calls(step=step, columns=_CALL_COLUMNS))
         run_id = reader.run_id
@@ -73,6 +77,11 @@ def topology_diagram(run_dir: str | Path, step: int | None = None, colour_by: st
     topology = run_topology_of(run_dir)
     signals = graph_signals(run_dir, step, colour_by, topology)
     return HTML(to_html(topology, standalone=False, signals=signals))
+
+
+def complete_steps(reader: RunReader) -> list[int]:
+    """The run's complete steps, in order."""
+    return reader.sql("SELECT step FROM steps WHERE status = 'complete' ORDER BY step")["step"].tolist()
 
 
 def run_topology_of(run_dir: str | Path) -> Topology:
@@ -125,7 +134,7 @@ def _edges(topology: Topology, calls: Any) -> dict[tuple[str, str], dict[str, fl
         for target in targets - {None}:
             taken[(node, target)] += 1  # once a call: the share of this node's calls that went there
         for nxt in following:
-            source = by_id.get(_link(nxt.source_id))
+            source = by_id.get(int_from_cell(nxt.source_id))
             target = node_of.get(nxt.role)
             if target is None or source is None or source.role not in answers or nxt.role not in answers:
                 continue
@@ -153,8 +162,8 @@ def _calls_after(top: Any) -> dict[int, list[int]]:
     after: dict[int, list[int]] = defaultdict(list)
     if top["previous_id"].notna().any():
         for call_id, previous in zip(top["id"], top["previous_id"], strict=True):
-            if _link(previous) is not None:
-                after[_link(previous)].append(int(call_id))
+            if int_from_cell(previous) is not None:
+                after[int_from_cell(previous)].append(int(call_id))
     else:
         for _, episode in top.sort_values("position").groupby("episode_id"):
             ids = [int(i) for i in episode["id"]]
@@ -163,34 +172,29 @@ def _calls_after(top: Any) -> dict[int, list[int]]:
     return after
 
 
-def _link(value: Any) -> int | None:
-    """A stored link (a nullable id) as an int, or None."""
-    import pandas as pd
-
-    return None if pd.isna(value) else int(value)
-
-
 def _reward(row: Any) -> float | None:
     rewards = row.rewards if isinstance(row.rewards, dict) else {}
     value = rewards.get("reward")
     return None if value is None else float(value)
 
 
-def _replay_advantages(reader: RunReader) -> dict[str, float]:
+def replay_advantages(reader: RunReader) -> dict[str, float]:
     """Role -> the mean Q - V (episode reward, keep arm minus resample arm) of the replays made from this
-    run's calls that are stored beside it."""
-    run_dir = Path(reader.info()["run_dir"])
+    run's calls that are stored beside it (in the same runs directory)."""
+    run_dir = Path(reader.info()["run_dir"]).resolve()
     found: dict[str, list[float]] = defaultdict(list)
-    for run in list_runs(run_dir.parent).itertuples(index=False):
-        path = Path(str(run.run_dir))
-        if path.resolve() == run_dir.resolve() or isinstance(run.error, str):
+    beside = [p for p in run_dir.parent.iterdir() if (p / DB_NAME).is_file() and p.resolve() != run_dir]
+    for path in sorted(beside):
+        try:
+            replay = RunReader(path)
+        except (OSError, StoreError):  # an unreadable (or older) run beside it is not this run's replay
             continue
-        with RunReader(path) as replay:
+        with replay:
             config = replay.config
             source = config.get("source") or {}
+            arms = list(config.get("arms") or [])
             if config.get("kind") != "replay" or source.get("run_id") != reader.run_id:
                 continue
-            arms = list(config.get("arms") or [])
             if "keep" not in arms or "resample" not in arms:
                 continue
             episodes = replay.episodes()

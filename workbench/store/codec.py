@@ -226,3 +226,9 @@ def from_cell(value: Any) -> Any:
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return None
     return value
+
+
+def int_from_cell(value: Any) -> int | None:
+    """A stored nullable INTEGER (an id, a step) read back: an int, or None for NULL."""
+    value = from_cell(value)
+    return None if value is None else int(value)

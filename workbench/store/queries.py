@@ -28,7 +28,7 @@ from typing import Any
 import pandas as pd
 
 from .call_row import CallRow
-from .codec import TokenOwner, from_cell
+from .codec import TokenOwner, from_cell, int_from_cell
 from .reader import RunReader
 
 PAGE_SIZE = 50
@@ -39,11 +39,6 @@ PREVIEW_CHARS = 120
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def _int(value: Any) -> int | None:
-    value = from_cell(value)
-    return None if value is None else int(value)
-
-
 def _like(text: str) -> str:
     """``text`` as a LIKE pattern matching it anywhere (``%``, ``_`` and ``\\`` taken literally)."""
     escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
@@ -278,4 +273,4 @@ def complete_totals(reader: RunReader) -> tuple[int | None, int]:
         "(SELECT step FROM steps WHERE status = 'complete')) AS calls "
         "FROM steps WHERE status = 'complete'"
     ).iloc[0]
-    return _int(row["last_step"]), int(row["calls"])
+    return int_from_cell(row["last_step"]), int(row["calls"])
