@@ -8,7 +8,7 @@ per DESIGN.md). One run of 25 steps serves both tests.
 
 The Solver is scored greedily on 64 held-out problems before the first update and after the last.
 
-The Verifier is scored on a fixed, balanced judging set: 64 held-out problems, each shown once with its
+The Verifier is scored on a fixed, balanced judging set: 32 held-out problems, each shown once with its
 right sum and once with a sum off by 1 to 3 (near misses, unlike most of the Solver's wrong answers it
 trains on), so a Verifier that always says "Correct" (or always "Wrong") scores 0.5. Scoring it on the
 Solver's own greedy solutions, as the run's ``eval/verifier1/reward`` does, rewards "always Correct" with
@@ -36,6 +36,9 @@ from workbench.topology import from_dict, to_dict
 from workbench.training import create
 
 N_HELD_OUT = 64
+#: Problems in the Verifier's judging set (each shown twice): 32, not 64, to keep CI within its time. The 64-problem
+#: set passed at 6.1 standard errors; half of it is expected near 4.3 (docs/experiments.md).
+N_JUDGED = 32
 
 
 def judging_topology() -> wb.Topology:
@@ -137,7 +140,7 @@ def test_marsrl_solver_improves_on_held_out_problems(trained_run):
 @pytest.mark.slow
 def test_marsrl_verifier_improves_on_a_balanced_judging_set(trained_run, tmp_path):
     run_dir, _ = trained_run
-    tasks = judging_set(N_HELD_OUT, seed=12345)
+    tasks = judging_set(N_JUDGED, seed=12345)
     trained = export_model(run_dir, tmp_path / "trained", topology=wb.load_topology("marsrl_cpu"))
     before, before_counts = verdict_accuracy("smollm2-135m", tasks, tmp_path / "runs")
     after, after_counts = verdict_accuracy(trained, tasks, tmp_path / "runs")

@@ -128,6 +128,43 @@ def test_a_changed_spec_is_refused_as_a_divergence(tiny, source, monkeypatch):
         wb.replay(run_dir, _call_id(calls, 2), n=1, arms=["resample"], backend=tiny)
 
 
+def test_a_batch_replays_a_roles_calls_and_reads_back_the_estimates_it_computed(tiny, source):
+    from workbench.analysis.replay_runs import stored_estimate
+
+    run_dir, _ = source
+    with pytest.raises(ValueError, match="its roles there: debater_a, debater_b, judge, rebuttal"):
+        wb.replay_calls(run_dir, role="critic", backend=tiny)
+    batch = wb.replay_calls(run_dir, role="judge", sample=2, n=2, backend=tiny)
+    with wb.RunReader(run_dir) as reader:
+        judges = set(reader.calls(columns=["role"]).query("role == 'judge'")["id"])
+    frame = batch.frame()
+    assert len(frame) == 2 and set(frame["call_id"]) <= judges and list(frame["status"]) == ["finished"] * 2
+    for result, (_, row) in zip(batch.results, frame.iterrows(), strict=True):
+        stored = stored_estimate(result.run_dir)  # read back from the store: what the replay computed
+        assert stored.q.keys() == result.estimate.q.keys() and stored.v.keys() == result.estimate.v.keys()
+        for name, q in result.estimate.q.items():
+            assert (
+                stored.q[name].mean == pytest.approx(q.mean) and stored.v[name].n == result.estimate.v[name].n
+            )
+        assert row["advantage"] == pytest.approx(result.estimate.advantage_of(row["outcome"]).mean)
+
+
+def test_a_background_batch_replays_each_call_in_a_run_that_exists_at_once(source, tmp_path):
+    run_dir, calls = source
+    ids = [_call_id(calls, 0), _call_id(calls, 4)]
+    with pytest.raises(ValueError, match="by name"):
+        wb.replay_calls(run_dir, calls=ids, policies={"base": HFBackend}, background=True)
+    job = wb.replay_calls(
+        run_dir, calls=ids, n=1, policies={"base": "tiny"}, max_tokens=6, runs_dir=tmp_path, background=True
+    )
+    assert [p.parent for p in job.runs] == [tmp_path, tmp_path] and job.status in ("running", "finished")
+    assert job.wait(timeout=300) == "finished", job.log()
+    frame = job.frame()
+    assert list(frame["call_id"]) == ids and frame["q"].notna().all() and frame["v"].notna().all()
+    with wb.RunReader(job.runs[1]) as reader:
+        assert reader.config["policies"] == {"base": "tiny"} and len(reader.calls(step=0)) == 5
+
+
 class Counting(Tool):
     """Returns a long text (longer than the store keeps in ``tool_results``) and counts its runs."""
 

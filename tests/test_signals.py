@@ -122,7 +122,10 @@ def test_a_replay_of_a_runs_call_gives_its_role_a_replay_advantage(tmp_path):
     judge = calls[calls["position"] == calls["position"].max()].iloc[0]
     result = wb.replay(run.run_dir, int(judge["id"]), n=2)
     signals = graph_signals(run.run_dir, colour_by="replay/advantage")
-    assert signals.roles[judge["role"]]["replay/advantage"] == pytest.approx(result.estimate.advantage.mean)
+    own = result.estimate.own_outcome  # the judge is rewarded on its answer: its own reward counts
+    assert own == f"role/{judge['role']}"
+    expected = result.estimate.advantage_of(own).mean
+    assert signals.roles[judge["role"]]["replay/advantage"] == pytest.approx(expected)
     assert (signals.low, signals.high) == (-1.0, 1.0)
 
 

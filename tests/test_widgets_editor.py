@@ -1,4 +1,5 @@
-"""TopologyEditor: every built-in topology survives the canvas; edits change the spec; errors land on nodes."""
+"""TopologyEditor: every built-in topology survives the canvas; edits change the spec; errors land on nodes; a
+run's signals colour the canvas without touching the spec."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import panel as pn
 import pytest
 
 from widgets import topology_canvas as canvas
-from widgets.topology_editor import TopologyEditor
+from widgets.topology_editor import ERROR_STYLE, TopologyEditor
+from workbench.store import RunStore
 from workbench.topology import from_yaml, load, to_dict
 from workbench.topology.io import library
 
@@ -103,3 +105,89 @@ def test_the_builtin_select_shows_the_loaded_topology_whatever_loaded_it():
     assert TopologyEditor(custom)._load.value == ""
     assert TopologyEditor(load("matpo"))._load.value == "matpo"
     assert "(custom)" in TopologyEditor(custom)._load.options
+
+
+def _marsrl_run(tmp_path):
+    """Two MarsRL steps (the Solver's reward 0.2, then 0.9); in each, the Corrector follows three Verifier
+    calls of four and turns one wrong Solver answer of three into a right one."""
+    store = RunStore.create(tmp_path, config={"kind": "rollout", "topology": "marsrl"})
+    for index, solver_reward in enumerate((0.2, 0.9)):
+        with store.step(index) as step:
+            for corrector_reward in (1.0, None, 0.0, 0.0):
+                episode = step.add_episode()
+                solver = step.add_call(episode, role="solver", completion_ids=[1], rewards={"reward": 0.0})
+                verifier = step.add_call(
+                    episode, role="verifier1", completion_ids=[2], source_id=solver, previous_id=solver
+                )
+                if corrector_reward is not None:
+                    links = {"source_id": solver, "previous_id": verifier}
+                    rewards = {"reward": corrector_reward}
+                    step.add_call(episode, role="corrector1", completion_ids=[3], rewards=rewards, **links)
+            step.log_metrics({"reward/mean": solver_reward, "accuracy": 0.5}, role="solver")
+            step.log_metrics({"reward/mean": 0.25}, role="verifier1")
+    store.close()
+    return store.run_dir
+
+
+def _canvas(editor):
+    return {n["id"]: n for n in editor.flow.nodes}, {e["id"]: e for e in editor.flow.edges}
+
+
+def test_a_runs_signals_colour_the_canvas_and_follow_the_step_and_measure(tmp_path):
+    editor = TopologyEditor(run_dir=_marsrl_run(tmp_path))  # the run's topology, at its last step
+    assert editor.topology == load("marsrl") and editor.spec == to_dict(load("marsrl"))
+    nodes, edges = _canvas(editor)
+    solver, solve = nodes["role:solver"], nodes["step:solve"]
+    assert solver["style"] == {"background": editor.signals.fill("solver")} == solve["style"]
+    assert solver["label"] == "role · solver · 0.90" and solve["label"] == "solve · 0.90"
+    tip = solver["domAttributes"]["title"]
+    assert "step 1" in tip and "reward/mean: 0.9" in tip and "accuracy: 0.5" in tip
+    assert nodes["role:verifier1"]["style"]["background"] != solver["style"]["background"]
+    assert "style" not in nodes["role:corrector1"] and "domAttributes" not in nodes["role:corrector1"]
+    branch = edges["next:step:verify1->step:correct1:verdict != 'correct'"]
+    assert branch["label"] == "verdict != 'correct' · taken 75% · fixed 33% · broke 0%"
+    assert edges["next:step:verify1->step:end:"]["label"] == "taken 25%"
+    assert "calls: 3" in branch["domAttributes"]["title"]
+    assert editor._signals_bar.visible and editor._signal_step.options == [0, 1]
+    editor._signal_step.value = 0  # the slider: the Solver's reward was 0.2 then
+    nodes, _ = _canvas(editor)
+    assert nodes["role:solver"]["label"] == "role · solver · 0.20"
+    assert (
+        nodes["role:solver"]["style"]["background"]
+        == editor.signals.fill("solver")
+        != solver["style"]["background"]
+    )
+    editor._colour_by.value = "accuracy"
+    nodes, _ = _canvas(editor)
+    assert nodes["role:solver"]["label"] == "role · solver · 0.50"
+    verifier = nodes["role:verifier1"]  # no accuracy: its own colours and label, its numbers still on hover
+    assert "style" not in verifier and verifier["label"] == "role · verifier1"
+    assert "reward/mean: 0.25" in verifier["domAttributes"]["title"]
+    assert editor.spec == to_dict(load("marsrl")) and from_yaml(editor.to_yaml()) == load("marsrl")
+    with pytest.raises(ValueError, match="no complete step 7"):
+        editor.show_signals(editor._run[0], step=7)
+    with pytest.raises(ValueError, match="colour_by 'loss': choose one of reward/mean"):
+        editor.show_signals(editor._run[0], colour_by="loss")
+    assert editor.signals.colour_by == "accuracy", "a refused request leaves the signals shown"
+    assert pn.panel(editor).get_root() is not None
+
+
+def test_edits_keep_working_under_signals_which_never_reach_the_spec_and_clear_away(tmp_path):
+    run_dir = _marsrl_run(tmp_path)
+    editor = TopologyEditor("marsrl")
+    plain_nodes, plain_edges = editor.flow.nodes, editor.flow.edges
+    editor.show_signals(run_dir, step=1)
+    nodes, edges = list(editor.flow.nodes), list(editor.flow.edges)
+    assert canvas.apply_graph(editor.spec, nodes, edges) == editor.spec == to_dict(load("marsrl"))
+    editor.flow.nodes = [n for n in nodes if n["id"] != "role:verifier2"]  # a delete on the canvas
+    assert "verifier2" not in editor.spec["roles"] and editor.problems
+    after, _ = _canvas(editor)
+    assert after["step:verify2"]["style"] == ERROR_STYLE and after["role:solver"]["label"].endswith("0.90")
+    editor.load("marsrl")
+    editor.update_entry("role:solver", {}, name="answerer")  # a renamed role has no numbers of its own
+    after, _ = _canvas(editor)
+    assert "style" not in after["role:answerer"] and after["role:verifier1"]["label"].endswith("0.25")
+    editor.load("marsrl")
+    editor.clear_signals()
+    assert editor.signals is None and not editor._signals_bar.visible
+    assert editor.flow.nodes == plain_nodes and editor.flow.edges == plain_edges

@@ -6,12 +6,19 @@ the step calls, acts as or maps over) and ``uses`` (agent step → a tool it may
 to a spec keeps every field the canvas does not show: a removed node removes its entry, a removed or
 added edge removes or adds the branch, role or tool it stands for; validation then says what broke
 (``node_of`` maps a problem's path to the canvas node it concerns). Subflows are kept, not drawn.
+
+``with_signals`` colours a graph by a run's signals (``workbench.topology.diagram.Signals``) for display:
+a role node, and each step that runs the role, filled on the diagram's red-to-green scale with the
+``colour_by`` value in its label and every measure in its hover title (``domAttributes.title``); a flow
+branch labelled with the share of calls that took it (and the answers it fixed or broke). Only labels,
+styles and titles change, none of which ``apply_graph`` reads: the signals never reach the spec.
 """
 
 from __future__ import annotations
 
 import copy
 
+from workbench.topology.diagram import Signals, measures_text
 from workbench.topology.spec import END
 
 #: The field of a flow node that names its role, by node kind.
@@ -83,6 +90,47 @@ def _edge(kind: str, source_step: str, target: str, when: str | None = None) -> 
     label = when if kind == "next" and when else (None if kind == "next" else kind)
     return {"id": f"{kind}:{source}->{target_id}:{when or ''}", "source": source, "target": target_id,
             "label": label, "data": data}  # fmt: skip
+
+
+def with_signals(
+    spec: dict, nodes: list[dict], edges: list[dict], signals: Signals
+) -> tuple[list[dict], list[dict]]:
+    """Copies of ``spec``'s canvas ``nodes`` and ``edges`` coloured and labelled by ``signals``."""
+    steps = spec.get("flow", {}).get("nodes", {})
+    out_nodes = []
+    for node in copy.deepcopy(nodes):
+        kind, name = split_id(node["id"])
+        role = name if kind == "role" else _role_of(steps.get(name, {})) if kind == "step" else None
+        measured = signals.roles.get(role) if role is not None else None
+        if measured:
+            _measured_node(node, role, measured, signals)
+        out_nodes.append(node)
+    out_edges = []
+    for edge in copy.deepcopy(edges):
+        if (edge.get("data") or {}).get("kind") == "next":
+            source, target = split_id(edge["source"])[1], split_id(edge["target"])[1]
+            measured = signals.edges.get((source, "<end>" if target == END else target))
+            if measured:
+                _measured_edge(edge, source, target, measured)
+        out_edges.append(edge)
+    return out_nodes, out_edges
+
+
+def _measured_node(node: dict, role: str, measured: dict[str, float], signals: Signals) -> None:
+    fill = signals.fill(role)
+    if fill is not None:
+        node["style"] = {"background": fill}
+    if signals.colour_by in measured:
+        node["label"] += f" · {measured[signals.colour_by]:.2f}"
+    node["domAttributes"] = {"title": f"{signals.title}\nrole {role}\n{measures_text(measured)}"}
+
+
+def _measured_edge(edge: dict, source: str, target: str, measured: dict[str, float]) -> None:
+    shares = [f"{name} {measured[name]:.0%}" for name in ("taken", "fixed", "broke") if name in measured]
+    if shares:
+        when = (edge.get("data") or {}).get("when")
+        edge["label"] = " · ".join([when, *shares] if when else shares)
+    edge["domAttributes"] = {"title": f"{source} → {target}\n{measures_text(measured)}"}
 
 
 def edge_kind(source: str, target: str) -> str | None:

@@ -14,15 +14,26 @@ canvas. ``editor.to_yaml()`` / the Export button give YAML that loads back into 
 The built-in select follows the spec however it was loaded or edited: it names the built-in the spec
 is, unedited, and reads "(custom)" otherwise.
 
+A run's signals on the canvas (display only: the spec never changes): ``TopologyEditor(run_dir=RUN)``
+opens the run's topology with them, ``editor.show_signals(run_dir, step=None, colour_by="reward/mean")``
+shows them over the current spec, ``editor.clear_signals()`` takes them off. Each role node, and each step
+running that role, is filled on the diagram's red-to-green scale with its value in the label and every
+measure on hover; flow branches carry the shares of calls that took them, fixed and broke an answer
+(``workbench.analysis.signals``). A step slider and a measure menu appear while a run is shown, and the
+signals stay on through edits (names that still match keep their numbers).
+
 CSS classes a browser test can find: ``wb-editor``, ``wb-editor-load`` (the built-in select),
 ``wb-field-<name>`` (a form field), ``wb-apply``, ``wb-export``, ``wb-yaml`` (the exported YAML),
-``wb-editor-errors`` (the banner); canvas nodes carry ``data-id="role:NAME"`` etc. (React Flow's).
+``wb-editor-errors`` (the banner), ``wb-editor-signals`` (the step slider, measure menu and
+``wb-clear-signals`` button); canvas nodes carry ``data-id="role:NAME"`` etc. (React Flow's), and with
+signals a ``title`` (their numbers on hover).
 """
 
 from __future__ import annotations
 
 import html
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import panel as pn
@@ -31,8 +42,17 @@ import yaml
 from panel_reactflow import ReactFlow
 
 from widgets import topology_canvas as canvas
+from workbench.analysis.signals import (
+    ROLE_MEASURES,
+    complete_steps,
+    graph_signals,
+    replay_advantages,
+    run_topology_of,
+)
 from workbench.engine.spec_checks import from_dict
+from workbench.store import RunReader
 from workbench.topology import Topology, json_schema, load, to_dict, to_yaml
+from workbench.topology.diagram import Signals
 from workbench.topology.io import library
 from workbench.topology.validate import TopologyError
 
@@ -42,6 +62,8 @@ SCHEMA_DEFS = {"role": "Role", "tool": "Tool", "call": "CallNode", "agent": "Age
 ERROR_STYLE = {"border": "2px solid #c62828", "background": "#ffebee"}
 #: The built-in select's label for a spec that is no built-in (or an edited one); its value is "".
 CUSTOM = "(custom)"
+#: What the signals can colour the canvas by.
+MEASURES = [*ROLE_MEASURES, "replay/advantage"]
 
 
 @cache
@@ -78,10 +100,21 @@ class TopologyEditor(pn.viewable.Viewer):
     topology = param.ClassSelector(class_=Topology, default=None, allow_None=True, doc="The last valid spec.")
     problems = param.List(default=[], doc="Validation problems of the current spec: (path, message).")
 
-    def __init__(self, topology: Topology | dict | str = "marsrl", **params: Any) -> None:
+    def __init__(
+        self,
+        topology: Topology | dict | str | None = None,
+        run_dir: str | Path | None = None,
+        step: int | None = None,
+        colour_by: str = "reward/mean",
+        **params: Any,
+    ) -> None:
+        """Edit ``topology`` (default: the run's topology where ``run_dir`` is given, else marsrl),
+        showing the signals of the run in ``run_dir`` at ``step`` coloured by ``colour_by`` where given."""
         super().__init__(**params)
         self.spec: dict = {}
-        self._syncing = self._syncing_select = False
+        self.signals: Signals | None = None
+        self._run: tuple[Path, Topology, dict[str, float]] | None = None  # run dir, its topology, replays
+        self._syncing = self._syncing_select = self._syncing_signals = False
         self.flow = ReactFlow(sizing_mode="stretch_width", height=520, display_side_bar=False)
         self.flow.param.watch(self._canvas_changed, ["nodes", "edges"])
         self.flow.param.watch(self._selected, "selection")
@@ -93,8 +126,11 @@ class TopologyEditor(pn.viewable.Viewer):
             css_classes=["wb-editor-load"],
         )  # fmt: skip
         self._load.param.watch(self._picked, "value")
+        self._signals_bar = self._signal_widgets(colour_by)
         self.param.watch(self._topology_set, "topology")
-        self.load(topology)
+        self.load(topology if topology is not None else run_topology_of(run_dir) if run_dir else "marsrl")
+        if run_dir is not None:
+            self.show_signals(run_dir, step, colour_by)
 
     # ------------------------------------------------------------------ spec <-> canvas
     def load(self, source: Topology | dict | str) -> None:
@@ -137,6 +173,8 @@ class TopologyEditor(pn.viewable.Viewer):
 
     def _draw(self) -> None:
         nodes, edges = canvas.to_graph(self.spec)
+        if self.signals is not None:
+            nodes, edges = canvas.with_signals(self.spec, nodes, edges, self.signals)
         flagged = {canvas.node_of(path) for path, _ in self.problems}
         for node in nodes:
             if node["id"] in flagged:
@@ -175,6 +213,56 @@ class TopologyEditor(pn.viewable.Viewer):
     def _topology_set(self, event: Any) -> None:
         if not self._syncing and event.new is not None:
             self.set_spec(to_dict(event.new))
+
+    # ------------------------------------------------------------------ a run's signals
+    def show_signals(
+        self, run_dir: str | Path, step: int | None = None, colour_by: str = "reward/mean"
+    ) -> None:
+        """Colour the canvas by the signals of the run in ``run_dir`` at ``step`` (default: its last complete
+        step); a ValueError where the run has no such step or ``colour_by`` is not one of ``MEASURES``."""
+        if colour_by not in MEASURES:
+            raise ValueError(f"colour_by {colour_by!r}: choose one of {', '.join(MEASURES)}")
+        run_dir = Path(run_dir)
+        with RunReader(run_dir) as reader:  # the replays beside it do not change by step: read them once
+            steps, advantages = complete_steps(reader), replay_advantages(reader)
+        topology = run_topology_of(run_dir)
+        self.signals = graph_signals(run_dir, step, colour_by, topology, advantages)
+        self._run = (run_dir, topology, advantages)
+        self._syncing_signals = True
+        try:
+            self._signal_step.param.update(options=steps, value=steps[-1] if step is None else step)
+            self._colour_by.value = colour_by
+        finally:
+            self._syncing_signals = False
+        self._signals_bar.visible = True
+        self._draw()
+
+    def _signal_widgets(self, colour_by: str) -> pn.Row:
+        """The step slider, measure menu and hide button, shown while a run's signals are."""
+        self._signal_step = pn.widgets.DiscreteSlider(label="step", options=[0], value=0, width=240)
+        self._colour_by = pn.widgets.Select(label="colour by", options=MEASURES, value=colour_by, width=180)
+        self._signal_step.param.watch(self._signal_picked, "value")
+        self._colour_by.param.watch(self._signal_picked, "value")
+        clear = pn.widgets.Button(label="Hide signals", css_classes=["wb-clear-signals"])
+        clear.on_click(lambda _e: self.clear_signals())
+        return pn.Row(
+            self._signal_step, self._colour_by, clear, visible=False, css_classes=["wb-editor-signals"]
+        )
+
+    def clear_signals(self) -> None:
+        """Take the run's signals off the canvas."""
+        self.signals, self._run = None, None
+        self._signals_bar.visible = False
+        self._draw()
+
+    def _signal_picked(self, _event: Any) -> None:
+        if self._syncing_signals or self._run is None:
+            return
+        run_dir, topology, advantages = self._run
+        self.signals = graph_signals(
+            run_dir, self._signal_step.value, self._colour_by.value, topology, advantages
+        )
+        self._draw()
 
     # ------------------------------------------------------------------ edits
     def add(self, kind: str, name: str) -> None:
@@ -274,6 +362,7 @@ class TopologyEditor(pn.viewable.Viewer):
         add.on_click(on_add)
         return pn.Column(
             pn.Row(self._load, kind, new_name, add, export),
+            self._signals_bar,
             self._banner,
             pn.Row(self.flow, pn.Column(self._form, width=380)),
             self._yaml,

@@ -28,6 +28,7 @@ _LAZY = {
     "resolve_model": ("workbench.models", "resolve"),
     "rollout": ("workbench.runs", "rollout"),
     "replay": ("workbench.analysis.replay", "replay"),
+    "replay_calls": ("workbench.analysis.replay_batch", "replay_calls"),
     "graph_signals": ("workbench.analysis.signals", "graph_signals"),
     "topology_diagram": ("workbench.analysis.signals", "topology_diagram"),
     "train": ("workbench.training", "train"),

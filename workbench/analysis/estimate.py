@@ -11,7 +11,7 @@ role's calls from the replayed one on (the replayed call included).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +61,18 @@ class CallEstimate:
     @property
     def advantage(self) -> Mean:
         """The episode-outcome advantage estimate Q - V."""
-        return self.q["episode"].minus(self.v["episode"])
+        return self.advantage_of("episode")
+
+    def advantage_of(self, outcome: str) -> Mean:
+        """Q - V of one outcome (``episode`` or ``role/<name>``); NaN where an arm never scored it."""
+        return self.q.get(outcome, Mean.of([])).minus(self.v.get(outcome, Mean.of([])))
+
+    @property
+    def own_outcome(self) -> str:
+        """The call's own role's outcome (what its GRPO advantage was computed from, with agent-specific
+        rewards) where both arms scored it, else the episode's."""
+        own = f"role/{self.role}"
+        return own if own in self.q and own in self.v else "episode"
 
     def frame(self) -> Any:
         """One row per outcome: q, q_se, v, v_se, advantage, advantage_se, n (and the replacement's Q)."""
@@ -101,23 +112,32 @@ class CallEstimate:
         return f"<p>{self!r}</p>" + self.frame().to_html(float_format=lambda x: f"{x:.3f}")
 
 
-def outcomes(episode: EpisodeRecord, point: int) -> dict[str, float]:
-    """What a replayed episode scored: its reward, and each role's mean call reward from position ``point``
-    on (the replayed call included: kept in Q, sampled again in V)."""
-    out = {"episode": float(episode.reward or 0.0)}
+def outcomes(
+    reward: float | None, calls: Iterable[tuple[str, int, dict | None]], point: int
+) -> dict[str, float]:
+    """What a replayed episode scored: its ``reward``, and each role's mean call reward (``calls``: role,
+    position, rewards) from position ``point`` on (the replayed call included: kept in Q, sampled again in V)."""
+    out = {"episode": float(reward or 0.0)}
     by_role: dict[str, list[float]] = {}
-    for call in episode.calls:
-        reward = (call.rewards or {}).get("reward")
-        if call.position >= point and reward is not None:
-            by_role.setdefault(call.role, []).append(float(reward))
+    for role, position, rewards in calls:
+        value = (rewards or {}).get("reward")
+        if position >= point and value is not None:
+            by_role.setdefault(role, []).append(float(value))
     out.update({f"role/{r}": sum(v) / len(v) for r, v in by_role.items()})
     return out
 
 
 def means(episodes: Sequence[EpisodeRecord], point: int) -> dict[str, Mean]:
     """Each outcome's mean over ``episodes`` (a role's over the episodes where it was rewarded)."""
+    return mean_of(
+        outcomes(e.reward, ((c.role, c.position, c.rewards) for c in e.calls), point) for e in episodes
+    )
+
+
+def mean_of(scored: Iterable[dict[str, float]]) -> dict[str, Mean]:
+    """Each outcome's mean over episodes' ``outcomes``."""
     values: dict[str, list[float]] = {}
-    for episode in episodes:
-        for name, value in outcomes(episode, point).items():
+    for episode in scored:
+        for name, value in episode.items():
             values.setdefault(name, []).append(value)
     return {name: Mean.of(v) for name, v in values.items()}

@@ -11,6 +11,9 @@ Continuation ``j`` seeds its generations with ``request_seed`` from ``seed`` (co
 ``seed`` itself): a source rolled out with ``per_call_seeds=True`` and the same seed and settings is
 reproduced exactly by continuation 0 of the ``resample`` arm. Each arm is one step of a new run (config
 kind ``replay``, linked to the source run, episode and call), which opens like any run.
+
+``background=True`` creates the replay's run at once and replays in a spawned process (its config holds
+everything the process needs); ``wb.replay_calls`` (``workbench.analysis.replay_batch``) replays many calls.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.analysis.estimate import CallEstimate, means
-from workbench.analysis.replay_policies import PolicySpec, backends_for, describe
+from workbench.analysis.replay_policies import Checkpoint, PolicySpec, backends_for, check_policies, describe
 from workbench.analysis.replay_source import SourceCall, load_source
 from workbench.backends import Backend
 from workbench.backends.loop_thread import run_sync
@@ -32,7 +35,7 @@ from workbench.engine.forcing import Forcing, ReplayDivergence, ReplayUnsupporte
 from workbench.rl.metrics import rollout_metrics
 from workbench.store.episodes import write_step
 from workbench.tasks import Task
-from workbench.topology import to_dict
+from workbench.topology import Topology, to_dict
 from workbench.topology.spec import with_sampling
 
 ARMS = ("keep", "resample", "replace")
@@ -75,6 +78,52 @@ class ReplayResult:
         return f"<p>{self!r}</p>{estimate}"
 
 
+@dataclass
+class ReplayPlan:
+    """What one replay does: its source call, the topology it re-runs and its settings."""
+
+    source: SourceCall
+    topology: Topology
+    arms: tuple[str, ...]
+    n: int
+    replacement: str | None
+    policies: dict[str, PolicySpec]
+    backend: str | Backend
+    sampling: dict[str, Any] | None
+    seed: int
+    max_tokens: int | None
+    judge: str | Backend | None
+    device: str
+    dtype: str
+
+    def config(self) -> dict[str, Any]:
+        """The replay run's config: where it comes from and every setting (a background process reads it)."""
+        return {
+            "kind": "replay",
+            "source": _source_config(self.source),
+            "arms": list(self.arms),
+            "n": self.n,
+            "replacement": self.replacement,
+            "policies": {name: describe(spec) for name, spec in self.policies.items()},
+            "model": self.source.config.get("model"),
+            "backend": self.backend if isinstance(self.backend, str) else type(self.backend).__name__,
+            "sampling": self.sampling,
+            "seed": self.seed,
+            "max_tokens": self.max_tokens,
+            "judge": self.judge
+            if self.judge is None or isinstance(self.judge, str)
+            else type(self.judge).__name__,
+            "device": self.device,
+            "dtype": self.dtype,
+            "topology": to_dict(self.topology),
+        }
+
+    def by_name(self) -> bool:
+        """Whether everything that plays or judges is named (a background process can start it)."""
+        named = all(isinstance(spec, str | Checkpoint) for spec in self.policies.values())
+        return named and isinstance(self.backend, str) and (self.judge is None or isinstance(self.judge, str))
+
+
 def replay(
     run_dir: str | Path,
     call_id: int,
@@ -92,7 +141,8 @@ def replay(
     judge: str | Backend | None = None,
     device: str = "auto",
     dtype: str = "auto",
-) -> ReplayResult:
+    background: bool = False,
+) -> ReplayResult | Any:
     """Replay call ``call_id`` of the run in ``run_dir`` ``n`` times per arm and store the replays as a new run.
 
     ``arms`` (default ``keep`` and ``resample``, plus ``replace`` when a ``replacement`` text is given) pick
@@ -103,11 +153,41 @@ def replay(
     ``sampling`` overrides every role's sampling settings; ``seed`` defaults to the source run's;
     ``max_tokens`` to its cap. ``tasks`` are needed only for a run that kept no ``tasks.jsonl``.
     ``runs_dir`` defaults to the directory holding the source run.
-    """
-    from workbench.store import RunStore
-    from workbench.tasks import save_jsonl
-    from workbench.training import TASKS_FILE
 
+    ``background=True`` returns a :class:`~workbench.training.BackgroundRun` of the replay's run at once (its
+    ``run_dir`` already exists) and replays in a spawned process; policies, backend and judge by name.
+    """
+    plan = plan_replay(run_dir, call_id, n, arms, replacement, policies, backend, sampling, seed, max_tokens,
+                       tasks, judge, device, dtype)  # fmt: skip
+    if background:
+        from workbench.training import launch
+
+        if not plan.by_name():
+            raise ValueError("a background replay takes its policies, backend and judge by name (or step:K)")
+        (replay_dir,) = create_runs([plan], runs_dir, run_id)
+        return launch(replay_dir, replay_here)
+    (replay_dir,) = create_runs([plan], runs_dir, run_id)
+    with Players(plan) as players:
+        return replay_into(plan, replay_dir, players)
+
+
+def plan_replay(
+    run_dir: str | Path,
+    call_id: int,
+    n: int = 8,
+    arms: Sequence[str] | None = None,
+    replacement: str | None = None,
+    policies: dict[str, PolicySpec] | None = None,
+    backend: str | Backend = "hf",
+    sampling: dict[str, Any] | None = None,
+    seed: int | None = None,
+    max_tokens: int | None = None,
+    tasks: list[Task] | None = None,
+    judge: str | Backend | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+) -> ReplayPlan:
+    """Check that call ``call_id`` can be replayed so, and say how (``replay`` takes the same arguments)."""
     source = load_source(run_dir, call_id, tasks)
     arms = _arms(arms, replacement)
     if n < 1:
@@ -116,31 +196,93 @@ def replay(
     _check_replayable(source, topology)
     if _grouped(topology):  # one branch of the group: its calls up to this one, then one call a node
         source, topology = source.on_its_branch(), _one_branch(topology)
-    seed = int(source.config.get("seed", 0) if seed is None else seed)
-    max_tokens = source.config.get("max_tokens") if max_tokens is None else max_tokens
-    served, owned = backends_for(topology, source, policies or {}, backend, device, dtype)
-    judge_backend = _judge(judge)
-    settings = {
-        "arms": list(arms),
-        "n": n,
-        "replacement": replacement,
-        "policies": {name: describe(spec) for name, spec in (policies or {}).items()},
-        "model": source.config.get("model"),
-        "backend": backend if isinstance(backend, str) else type(backend).__name__,
-        "sampling": sampling,
-        "seed": seed,
-        "max_tokens": max_tokens,
-        "topology": to_dict(topology),
-    }
-    store = RunStore.create(
-        Path(runs_dir) if runs_dir is not None else source.run_dir.parent,
-        config={"kind": "replay", "source": _source_config(source), **settings},
-        run_id=run_id,
-        name=f"replay of call {source.call_id} ({source.role}) of {source.run_id}",
-        topology=topology.name,
+    check_policies(topology, source, policies or {})
+    return ReplayPlan(
+        source=source,
+        topology=topology,
+        arms=arms,
+        n=n,
+        replacement=replacement,
+        policies=dict(policies or {}),
+        backend=backend,
+        sampling=sampling,
+        seed=int(source.config.get("seed", 0) if seed is None else seed),
+        max_tokens=source.config.get("max_tokens") if max_tokens is None else max_tokens,
+        judge=judge,
+        device=device,
+        dtype=dtype,
     )
+
+
+def create_runs(
+    plans: Sequence[ReplayPlan], runs_dir: str | Path | None = None, run_id: str | None = None
+) -> list[Path]:
+    """A new run (status ``created``) for each plan, beside its source run unless ``runs_dir`` says where;
+    several plans are one batch: the first run's config lists them all, in order (``replay_here``)."""
+    from workbench.store import RunStore
+    from workbench.tasks import save_jsonl
+    from workbench.training import TASKS_FILE, storage_errors
+
+    made: list[Path] = []
+    for plan in plans:
+        source = plan.source
+        store = RunStore.create(
+            Path(runs_dir) if runs_dir is not None else source.run_dir.parent,
+            config=plan.config(),
+            run_id=run_id if len(plans) == 1 else None,
+            name=f"replay of call {source.call_id} ({source.role}) of {source.run_id}",
+            topology=plan.topology.name,
+        )
+        try:
+            with storage_errors(store.run_dir / TASKS_FILE):
+                save_jsonl([source.task], store.run_dir / TASKS_FILE)  # for a background process
+        finally:
+            store.close()
+        made.append(store.run_dir)
+    if len(made) > 1:
+        _record_batch(made)
+    return made
+
+
+def _record_batch(run_dirs: list[Path]) -> None:
+    from workbench.store import RunStore
+
+    store = RunStore.open(run_dirs[0])
     try:
-        save_jsonl([source.task], store.run_dir / TASKS_FILE)
+        store.log_event("replay_batch", {"runs": [str(p) for p in run_dirs]})
+    finally:
+        store.close()
+
+
+class Players:
+    """The backends that play a plan's policies (and its judge), started once for every replay of a batch
+    of calls from one run, closed on leaving."""
+
+    def __init__(self, plan: ReplayPlan) -> None:
+        self.served, self._owned = backends_for(
+            plan.topology, plan.source, plan.policies, plan.backend, plan.device, plan.dtype
+        )
+        self.judge = _judge(plan.judge)
+        if isinstance(plan.judge, str):
+            self._owned.append(self.judge)
+
+    def __enter__(self) -> Players:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for backend in self._owned:
+            backend.close()
+
+
+def replay_into(plan: ReplayPlan, replay_dir: Path, players: Players) -> ReplayResult:
+    """Do ``plan`` in its run ``replay_dir`` (made by ``create_runs``) with ``players``; a failure is
+    recorded as the run's end and raised."""
+    from workbench.rl.run_end import record_end
+    from workbench.store import RunStore
+
+    source, topology, served = plan.source, plan.topology, players.served
+    store = RunStore.open(replay_dir)
+    try:
         store.set_status("running")
         started = time.perf_counter()
 
@@ -148,32 +290,106 @@ def replay(
             return Rollout(
                 topology,
                 served,
-                max_tokens=max_tokens,
-                judge=judge_backend,
-                seed=_replica_seed(seed, j),
+                max_tokens=plan.max_tokens,
+                judge=players.judge,
+                seed=_replica_seed(plan.seed, j),
                 forcing=Forcing(
                     source.calls,
                     source.position,
                     keep=arm == "keep",
-                    replacement=replacement if arm == "replace" else None,
+                    replacement=plan.replacement if arm == "replace" else None,
                     tokenizers={name: b.tokenizer for name, b in served.items()},
                 ),
             )
 
-        results = dict(zip(arms, run_sync(lambda: _roll_out(source, arms, n, engine)), strict=True))
+        results = dict(
+            zip(plan.arms, run_sync(lambda: _roll_out(source, plan.arms, plan.n, engine)), strict=True)
+        )
         _raise_divergence(results)
         seconds = time.perf_counter() - started
         _store(store, source, results)
     except BaseException as error:
-        from workbench.rl.run_end import record_end
-
         record_end(store, error, "failed")
         raise
     finally:
         store.close()
-        for b in [*owned, *([judge_backend] if isinstance(judge, str) else [])]:
-            b.close()
     return ReplayResult(store.run_dir, source, results, _estimate(source, results), seconds)
+
+
+def replay_here(run_dir: str | Path) -> None:
+    """Do the replay stored in ``run_dir`` by ``replay(..., background=True)`` (and the rest of its batch,
+    ``replay_calls(..., background=True)``, in order), in this process. A ``STOP`` file in ``run_dir`` stops
+    the batch before its next call; a call that fails is recorded in its run and the batch goes on."""
+    from workbench.store import RunReader
+    from workbench.training import STOP_FILE
+
+    first = Path(run_dir)
+    with RunReader(first) as reader:
+        events = reader.events(kind="replay_batch")
+    batch = [Path(p) for p in events.iloc[-1]["payload"]["runs"]] if not events.empty else [first]
+    failed = []
+    try:
+        plans = [plan_from_config(p) for p in batch]
+        with Players(plans[0]) as players:
+            for plan, replay_dir in zip(plans, batch, strict=True):
+                if (first / STOP_FILE).exists():
+                    _end_unstarted([replay_dir], "stopped")
+                    continue
+                try:
+                    replay_into(plan, replay_dir, players)
+                except Exception as error:  # noqa: BLE001 - recorded in its run; the batch goes on
+                    failed.append(f"{replay_dir.name}: {type(error).__name__}: {error}")
+                    print(f"replay {replay_dir.name} failed: {error}", flush=True)
+    except BaseException as error:  # before or between calls: no run of the batch is left "created"
+        _end_unstarted(batch[1:], "stopped" if isinstance(error, KeyboardInterrupt) else "failed", error)
+        raise
+    if failed and len(batch) == 1:
+        raise RuntimeError(failed[0])
+
+
+def _end_unstarted(run_dirs: Sequence[Path], status: str, error: BaseException | None = None) -> None:
+    """End the runs of ``run_dirs`` that were not started (status ``created``) with ``status``."""
+    from workbench.rl.run_end import record_end
+    from workbench.store import RunStore
+
+    for run_dir in run_dirs:
+        store = RunStore.open(run_dir)
+        try:
+            if store.status == "created":
+                record_end(store, error or RuntimeError("stopped before it started"), status)
+        finally:
+            store.close()
+
+
+def plan_from_config(replay_dir: str | Path) -> ReplayPlan:
+    """The plan a replay run's config records (what a background process replays)."""
+    from workbench.store import RunReader
+    from workbench.tasks import load_tasks
+    from workbench.training import TASKS_FILE
+
+    with RunReader(replay_dir) as reader:
+        c = reader.config
+    source = c["source"]
+    policies = {
+        name: Checkpoint(**spec) if isinstance(spec, dict) else spec
+        for name, spec in (c.get("policies") or {}).items()
+    }
+    return plan_replay(
+        source["run_dir"],
+        source["call_id"],
+        n=c["n"],
+        arms=c["arms"],
+        replacement=c.get("replacement"),
+        policies=policies,
+        backend=c.get("backend", "hf"),
+        sampling=c.get("sampling"),
+        seed=c.get("seed"),
+        max_tokens=c.get("max_tokens"),
+        tasks=load_tasks(Path(replay_dir) / TASKS_FILE),
+        judge=c.get("judge"),
+        device=c.get("device", "auto"),
+        dtype=c.get("dtype", "auto"),
+    )
 
 
 def _source_config(source: SourceCall) -> dict[str, Any]:
@@ -186,6 +402,7 @@ def _source_config(source: SourceCall) -> dict[str, Any]:
         "call_id": source.call_id,
         "position": source.position,
         "role": source.role,
+        "advantage": source.advantage,
         "task_id": source.task.id,
         "sample": source.sample,
     }

@@ -44,11 +44,6 @@ def backends_for(
     dtype: str = "auto",
 ) -> tuple[dict[str, Backend], list[Backend]]:
     """A backend per policy of ``topology``, and those started here (to close after the replay)."""
-    unknown = sorted(set(policies) - set(topology.policies))
-    if unknown:
-        raise ValueError(
-            f"no policies {unknown} in {topology.name}; its policies are {', '.join(topology.policies)}"
-        )
     served: dict[str, Backend] = {}
     owned: list[Backend] = []
     started: dict[Any, Backend] = {}
@@ -71,9 +66,41 @@ def backends_for(
     return served, owned
 
 
+def check_policies(topology: Any, source: Any, policies: dict[str, PolicySpec]) -> None:
+    """Refuse policies the topology lacks and checkpoints the run did not keep, before anything starts."""
+    unknown = sorted(set(policies) - set(topology.policies))
+    if unknown:
+        raise ValueError(
+            f"no policies {unknown} in {topology.name}; its policies are {', '.join(topology.policies)}"
+        )
+    for name, spec in policies.items():
+        spec = _checkpoint_of(spec, source, name)
+        if isinstance(spec, Checkpoint):
+            _checkpoint_dir(spec)
+
+
+def _checkpoint_dir(spec: Checkpoint) -> Path:
+    from workbench.rl import checkpoint
+
+    run_dir = Path(spec.run_dir)
+    path = run_dir / "checkpoints" / f"step-{spec.step:06d}"
+    complete = checkpoint.complete(run_dir)
+    if path not in complete:
+        kept = [int(p.name.split("-")[1]) for p in complete]
+        raise FileNotFoundError(
+            f"{run_dir.name} kept no checkpoint of step {spec.step}; it kept steps {kept or 'none'}"
+        )
+    return path
+
+
 def _checkpoint_of(spec: PolicySpec, source: Any, policy: str) -> PolicySpec:
     if isinstance(spec, str) and spec.startswith("step:"):
-        return Checkpoint(source.run_dir, int(spec.split(":", 1)[1]), policy)
+        step = spec.split(":", 1)[1]
+        if not step.isdigit():
+            raise ValueError(
+                f"policy '{policy}': {spec!r} names no step; write step:K with K a checkpoint's step"
+            )
+        return Checkpoint(source.run_dir, int(step), policy)
     return spec
 
 
@@ -99,12 +126,7 @@ def checkpoint_model(spec: Checkpoint, policy: str) -> tuple[Any, Any]:
     from workbench.topology import load as load_topology
 
     run_dir = Path(spec.run_dir)
-    path = run_dir / "checkpoints" / f"step-{spec.step:06d}"
-    kept = [int(p.name.split("-")[1]) for p in checkpoint.complete(run_dir)]
-    if path not in checkpoint.complete(run_dir):
-        raise FileNotFoundError(
-            f"{run_dir.name} kept no checkpoint of step {spec.step}; it kept steps {kept or 'none'}"
-        )
+    path = _checkpoint_dir(spec)
     config = run_config(run_dir)
     stored = run_dir / TOPOLOGY_FILE
     topology = load_topology(stored if stored.exists() else config.topology)

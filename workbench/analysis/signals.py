@@ -22,10 +22,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from workbench.analysis.replay_runs import replays_of, stored_estimate
 from workbench.store import RunReader
 from workbench.store.codec import int_from_cell
-from workbench.store.errors import StoreError
-from workbench.store.layout import DB_NAME
 from workbench.topology import Topology
 from workbench.topology.diagram import Signals, to_html
 from workbench.topology.spec import END, AgentNode, CallNode
@@ -179,25 +178,12 @@ def _reward(row: Any) -> float | None:
 
 
 def replay_advantages(reader: RunReader) -> dict[str, float]:
-    """Role -> the mean Q - V (episode reward, keep arm minus resample arm) of the replays made from this
-    run's calls that are stored beside it (in the same runs directory)."""
-    run_dir = Path(reader.info()["run_dir"]).resolve()
+    """Role -> the mean Q - V (keep arm minus resample arm) of the finished replays made from this run's calls
+    that are stored beside it (in the same runs directory), on each call's own role's reward where the role is
+    rewarded (with agent-specific rewards, what its GRPO advantage was computed from), else the episode's."""
     found: dict[str, list[float]] = defaultdict(list)
-    beside = [p for p in run_dir.parent.iterdir() if (p / DB_NAME).is_file() and p.resolve() != run_dir]
-    for path in sorted(beside):
-        try:
-            replay = RunReader(path)
-        except (OSError, StoreError):  # an unreadable (or older) run beside it is not this run's replay
-            continue
-        with replay:
-            config = replay.config
-            source = config.get("source") or {}
-            arms = list(config.get("arms") or [])
-            if config.get("kind") != "replay" or source.get("run_id") != reader.run_id:
-                continue
-            if "keep" not in arms or "resample" not in arms:
-                continue
-            episodes = replay.episodes()
-            mean = {arm: episodes[episodes["step"] == k]["reward"].mean() for k, arm in enumerate(arms)}
-        found[str(source.get("role"))].append(float(mean["keep"] - mean["resample"]))
+    for path in replays_of(reader.info()["run_dir"]):
+        estimate = stored_estimate(path)
+        if estimate is not None:
+            found[estimate.role].append(estimate.advantage_of(estimate.own_outcome).mean)
     return {role: sum(v) / len(v) for role, v in found.items()}

@@ -20,7 +20,7 @@ from xml.sax.saxutils import escape
 
 from workbench.topology.spec import END, AgentNode, CallNode, DagNode, Flow, MapNode, Topology
 
-__all__ = ["DiagramError", "Signals", "save", "to_html", "to_svg"]
+__all__ = ["DiagramError", "Signals", "measures_text", "save", "to_html", "to_svg"]
 
 FONT = "Helvetica, Arial, 'DejaVu Sans', sans-serif"
 COLORS = {  # kind -> (fill, stroke)
@@ -68,7 +68,8 @@ class Signals:
         return "#" + "".join(f"{round(x + (y - x) * u):02x}" for x, y in zip(a, b, strict=True))
 
 
-def _measures(values: dict[str, float]) -> str:
+def measures_text(values: dict[str, float]) -> str:
+    """Measures one a line, ``name: value`` (what hovering a measured node or edge lists)."""
     return "\n".join(f"{name}: {_figure(v)}" for name, v in values.items())
 
 
@@ -435,7 +436,7 @@ class _Cluster:
             measured = signals.edges.get((e.src, e.dst)) if signals is not None else None
             label = e.label
             if measured:
-                tip += "\n" + _measures(measured)
+                tip += "\n" + measures_text(measured)
                 if "taken" in measured:
                     label = f"{label} · {measured['taken']:.0%}" if label else f"{measured['taken']:.0%}"
             out.append(
@@ -492,7 +493,7 @@ class _Cluster:
         measured = signals.roles.get(it.role) if signals is not None else None
         if measured:
             fill = signals.fill(it.role) or fill
-            tip += f"\n{signals.title}\n" + _measures(measured)
+            tip += f"\n{signals.title}\n" + measures_text(measured)
             if signals.colour_by in measured:
                 shown = measured[signals.colour_by]
                 line2 = f"{it.role} · {shown:.2f}"  # as wide as "kind · role": the box fits it
