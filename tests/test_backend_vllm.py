@@ -105,6 +105,29 @@ def test_engine_processes_are_children_of_this_process(engine):
     assert engine.spawned, "vLLM should run its engine core in a child process"
 
 
+def test_a_replay_on_vllm_reproduces_a_seeded_episode_and_keeps_its_prefix(engine, tmp_path):
+    """Counterfactual replay on vLLM: per-request seeds make a replay from the first call the stored episode
+    again, and a replay from the last call keeps the four calls before it token for token."""
+    import workbench as wb
+
+    tasks = wb.generate_tasks("arithmetic", n=1, seed=1, level=1)
+    run_dir = wb.rollout(
+        "debate", tasks, backend=engine, max_tokens=6, runs_dir=tmp_path, seed=7, per_call_seeds=True
+    ).run_dir
+    with wb.RunReader(run_dir) as reader:
+        calls = reader.calls(arrays="list").sort_values("position")
+    again = wb.replay(run_dir, int(calls["id"].iloc[0]), n=1, arms=["resample"], backend=engine)
+    (episode,) = again.arms["resample"]
+    assert [c.completion_ids for c in episode.calls] == [list(ids) for ids in calls["completion_ids"]]
+    judge = wb.replay(run_dir, int(calls["id"].iloc[-1]), n=2, backend=engine)
+    for replayed in judge.arms["resample"]:
+        assert [c.timings.get("replayed_from") for c in replayed.calls[:4]] == list(calls["id"].iloc[:4])
+        assert [c.completion_ids for c in replayed.calls[:4]] == [
+            list(i) for i in calls["completion_ids"].iloc[:4]
+        ]
+    assert judge.estimate.q["episode"].n == 2
+
+
 def test_a_lora_adapter_generates_like_peft_and_unlike_the_base(engine, tiny_model_path, tmp_path):
     prompt = engine.tokenizer("1 + 2 =", add_special_tokens=False)["input_ids"]
     peft_model = random_adapter(tiny_model_path, tmp_path / "first", seed=0)
