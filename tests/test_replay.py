@@ -165,6 +165,57 @@ def test_a_background_batch_replays_each_call_in_a_run_that_exists_at_once(sourc
         assert reader.config["policies"] == {"base": "tiny"} and len(reader.calls(step=0)) == 5
 
 
+def test_a_nested_call_replays_with_its_parents_later_turns_sampled_again(tmp_path):
+    """MATPO's worker runs inside the planner (an agent used as a tool). A replay from the worker keeps the
+    planner's turn that delegated to it; the planner's turn after the worker returns reads the new worker."""
+    tokenizer = AutoTokenizer.from_pretrained(resolve("tiny"))
+    task = wb.generate_tasks("multihop", n=1, seed=5, hops=1)[0]
+
+    def script(prompt: str) -> str:
+        if "sub-agent working on a specific part" in prompt:
+            if "This is your final turn" in prompt:
+                return "# Final Response\nThe answer is " + ("999" if "999" in prompt else task.answer)
+            if "<use_mcp_tool>" not in prompt.split("YOUR ASSIGNED SUBTASK")[1]:
+                return (
+                    "<use_mcp_tool>\n<server_name>search_and_scrape_webpage</server_name>\n<tool_name>google_search"
+                    f'</tool_name>\n<arguments>\n{{"q": "{task.question}"}}\n</arguments>\n</use_mcp_tool>'
+                )
+            return "I have what I need."
+        if "Final Response" in prompt:
+            return "\\boxed{" + ("999" if "The answer is 999" in prompt else task.answer) + "}"
+        return (
+            "Delegate.\n<use_mcp_tool>\n<server_name>browsing_agent</server_name>\n<tool_name>search_and_browse"
+            '</tool_name>\n<arguments>\n{"subtask": "look it up"}\n</arguments>\n</use_mcp_tool>'
+        )
+
+    backend = ScriptedBackend(tokenizer, script)
+    run = wb.rollout("matpo", [task], backend=backend, runs_dir=tmp_path)
+    with wb.RunReader(run.run_dir) as reader:
+        calls = reader.calls(arrays="list").set_index("position")
+    assert list(calls["role"]) == ["planner", "worker"] and calls.loc[1, "parent_id"] == calls.loc[0, "id"]
+    worker = int(calls.loc[1, "id"])
+    result = wb.replay(
+        run.run_dir, worker, n=1, arms=["keep", "replace"], replacement="Maybe 999.", backend=backend
+    )
+    assert result.source.ancestors == {0}
+    kept, replaced = result.arms["keep"][0], result.arms["replace"][0]
+    delegation = list(calls.loc[0, "completion_ids"])[: len(tokenizer("Delegate.")["input_ids"])]
+    for episode in (kept, replaced):
+        planner = episode.calls[0]
+        assert planner.timings["replayed_from"] == int(calls.loc[0, "id"])  # its first turn kept
+        assert planner.completion_ids[: len(delegation)] == delegation
+    assert kept.calls[1].completion_ids == list(calls.loc[1, "completion_ids"])  # the worker kept whole
+    assert kept.answer == task.answer and kept.calls[0].completion_ids == list(calls.loc[0, "completion_ids"])
+    assert tokenizer.decode(replaced.calls[1].completion_ids).startswith("Maybe 999.")  # its first turn
+    read_afresh = tokenizer.decode(replaced.calls[0].completion_ids)  # the planner's turns, the worker's text
+    assert replaced.answer == "999" and "The answer is 999" in read_afresh
+    assert result.estimate is None and set(means([replaced], 1, {0})) == {
+        "episode",
+        "role/planner",
+        "role/worker",
+    }
+
+
 class Counting(Tool):
     """Returns a long text (longer than the store keeps in ``tool_results``) and counts its runs."""
 

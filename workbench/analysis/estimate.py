@@ -5,13 +5,13 @@ episodes resampled from the call itself (its parent state). Their difference est
 advantage, with the standard error of a difference of two independent means (sample variances, ddof 1).
 Both arms seed their continuations alike (common random numbers), which correlates them positively:
 the error shown is then an upper bound. Outcomes are the episode's reward and the mean reward of each
-role's calls from the replayed one on (the replayed call included).
+role's calls from the replayed one on (the replayed call included, and the calls it runs inside).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,24 +113,29 @@ class CallEstimate:
 
 
 def outcomes(
-    reward: float | None, calls: Iterable[tuple[str, int, dict | None]], point: int
+    reward: float | None,
+    calls: Iterable[tuple[str, int, dict | None]],
+    point: int,
+    ancestors: Collection[int] = (),
 ) -> dict[str, float]:
     """What a replayed episode scored: its ``reward``, and each role's mean call reward (``calls``: role,
-    position, rewards) from position ``point`` on (the replayed call included: kept in Q, sampled again in V)."""
+    position, rewards) from position ``point`` on (the replayed call included: kept in Q, sampled again in V)
+    and of the calls it runs inside (``ancestors``: their turns after it are sampled again)."""
     out = {"episode": float(reward or 0.0)}
     by_role: dict[str, list[float]] = {}
     for role, position, rewards in calls:
         value = (rewards or {}).get("reward")
-        if position >= point and value is not None:
+        if (position >= point or position in ancestors) and value is not None:
             by_role.setdefault(role, []).append(float(value))
     out.update({f"role/{r}": sum(v) / len(v) for r, v in by_role.items()})
     return out
 
 
-def means(episodes: Sequence[EpisodeRecord], point: int) -> dict[str, Mean]:
+def means(episodes: Sequence[EpisodeRecord], point: int, ancestors: Collection[int] = ()) -> dict[str, Mean]:
     """Each outcome's mean over ``episodes`` (a role's over the episodes where it was rewarded)."""
     return mean_of(
-        outcomes(e.reward, ((c.role, c.position, c.rewards) for c in e.calls), point) for e in episodes
+        outcomes(e.reward, ((c.role, c.position, c.rewards) for c in e.calls), point, ancestors)
+        for e in episodes
     )
 
 

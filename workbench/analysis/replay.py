@@ -401,6 +401,7 @@ def _source_config(source: SourceCall) -> dict[str, Any]:
         "episode_id": source.episode_id,
         "call_id": source.call_id,
         "position": source.position,
+        "ancestors": sorted(source.ancestors),
         "role": source.role,
         "advantage": source.advantage,
         "task_id": source.task.id,
@@ -440,10 +441,10 @@ def _estimate(source: SourceCall, results: dict[str, list[EpisodeRecord]]) -> Ca
     return CallEstimate(
         call_id=source.call_id,
         role=source.role,
-        q=means(results["keep"], source.position),
-        v=means(results["resample"], source.position),
+        q=means(results["keep"], source.position, source.ancestors),
+        v=means(results["resample"], source.position, source.ancestors),
         grpo_advantage=source.advantage,
-        replaced=means(results["replace"], source.position) if "replace" in results else {},
+        replaced=means(results["replace"], source.position, source.ancestors) if "replace" in results else {},
     )
 
 
@@ -468,10 +469,10 @@ def _arms(arms: Sequence[str] | None, replacement: str | None) -> tuple[str, ...
 
 
 def _check_replayable(source: SourceCall, topology: Any) -> None:
-    if source.call.parent is not None:
+    if source.call.parent is not None and _grouped(topology):
         raise ValueError(
-            f"call {source.call_id} ({source.role}) runs inside another call (an agent used as a tool); replay "
-            "from a top-level call (its ancestor) instead: replays from nested calls are not supported yet"
+            f"call {source.call_id} ({source.role}) runs inside another call (an agent used as a tool) of a "
+            "grouped rollout: replay from a top-level call (its ancestor) instead"
         )
     if _grouped(topology) and source.position > 0 and source.call.previous is None:
         raise ValueError(

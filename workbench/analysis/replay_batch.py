@@ -51,7 +51,12 @@ class ReplayBatch:
         """Each outcome's mean over every continuation of ``arm`` in the batch (e.g. a role's expected reward
         from the states the batch replays, under the policy that played it)."""
         return mean_of(
-            outcomes(e.reward, ((c.role, c.position, c.rewards) for c in e.calls), r.source.position)
+            outcomes(
+                e.reward,
+                ((c.role, c.position, c.rewards) for c in e.calls),
+                r.source.position,
+                r.source.ancestors,
+            )
             for r in self.results
             for e in r.arms.get(arm, [])
         )

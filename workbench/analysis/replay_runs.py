@@ -43,8 +43,8 @@ def stored_estimate(replay_dir: str | Path) -> CallEstimate | None:
         if "keep" not in arms or "resample" not in arms or reader.info()["status"] != "finished":
             return None
         source = config["source"]
-        point = int(source.get("position", 0))
-        by_arm = {arm: _scored(reader, step, point) for step, arm in enumerate(arms)}
+        point, ancestors = int(source.get("position", 0)), set(source.get("ancestors") or [])
+        by_arm = {arm: _scored(reader, step, point, ancestors) for step, arm in enumerate(arms)}
     return CallEstimate(
         call_id=int(source["call_id"]),
         role=str(source["role"]),
@@ -81,7 +81,7 @@ def estimates(replay_dirs: Sequence[str | Path], outcome: str = "own") -> Any:
     return pd.DataFrame(rows)
 
 
-def _scored(reader: RunReader, step: int, point: int) -> list[dict[str, float]]:
+def _scored(reader: RunReader, step: int, point: int, ancestors: set[int]) -> list[dict[str, float]]:
     episodes = reader.episodes(step=step)
     calls = reader.calls(step=step, columns=_CALL_COLUMNS)
     by_episode = {int(e): frame for e, frame in calls.groupby("episode_id")}
@@ -94,6 +94,7 @@ def _scored(reader: RunReader, step: int, point: int) -> list[dict[str, float]]:
                 for r, p, w in zip(found["role"], found["position"], found["rewards"], strict=True)
             ),
             point,
+            ancestors,
         )
         for episode_id, reward in zip(episodes["id"], episodes["reward"], strict=True)
         for found in [by_episode.get(int(episode_id), empty)]

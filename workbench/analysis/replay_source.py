@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from workbench.engine.forcing import ancestors
 from workbench.store import RunReader
 from workbench.store.codec import from_cell, int_from_cell
 from workbench.store.records import CallFields, CallRecord
@@ -42,6 +43,11 @@ class SourceCall:
     @property
     def call(self) -> CallRecord:
         return next(c for c in self.calls if c.position == self.position)
+
+    @property
+    def ancestors(self) -> frozenset[int]:
+        """The positions of the calls this one runs inside (an agent used as a tool)."""
+        return ancestors(self.calls, self.position)
 
     def on_its_branch(self) -> SourceCall:
         """The call on its branch alone: a grouped episode's calls from its first call to this one, along

@@ -75,9 +75,11 @@ class Forcing:
     """Answers a rollout's generations and tool calls from a stored episode up to its replay point.
 
     ``calls``: the stored episode's calls. ``point``: the position of the replayed call. Calls before it
-    are forced; with ``keep=True`` the replayed call is forced too (its tool results included), and with
-    ``replacement`` its first turn is that text (tokenised by the role's tokenizer, ended with its
-    end-of-sequence token) and the rest is sampled. ``tokenizers`` (by policy) make a tool text the store
+    are forced, except that the calls it runs inside (its ``ancestors``, where an agent is used as a tool)
+    are forced only until it starts: the turns they take after its subflow returns are sampled. With
+    ``keep=True`` the replayed call is forced too (its tool results included), and with ``replacement``
+    its first turn is that text (tokenised by the role's tokenizer, ended with its end-of-sequence token)
+    and the rest is sampled. ``tokenizers`` (by policy) make a tool text the store
     capped whole again from the call's tokens.
     """
 
@@ -98,14 +100,26 @@ class Forcing:
         self.tokenizers = dict(tokenizers or {})
         self._turns = {p: turns(c) for p, c in self.calls.items()}
         self.forced: set[int] = set()  # positions whose generations were answered here
+        self.ancestors = ancestors(calls, point)
+        self._reached = False  # the replayed call has started: its ancestors' later turns are sampled
 
     def _forced(self, position: int) -> bool:
+        if position in self.ancestors:
+            return not self._reached
         return position < self.point or (self.keep and position == self.point)
 
     def generation(
         self, position: int, turn: int, prompt_ids: list[int], tokenizer: Any
     ) -> Generation | None:
         """The stored turn for a forced position (its prompt checked), the replacement, or None: sample it."""
+        result = self._generation(position, turn, prompt_ids, tokenizer)
+        if position == self.point:
+            self._reached = True  # whatever the replayed call's subflow returns, its ancestors read afresh
+        return result
+
+    def _generation(
+        self, position: int, turn: int, prompt_ids: list[int], tokenizer: Any
+    ) -> Generation | None:
         stored = self._turns.get(position)
         if stored is None or not (self._forced(position) or position == self.point):
             return None
@@ -180,6 +194,16 @@ class Forcing:
             f"replaying the stored episode, {where} {what}: the spec, task, templates or tokenizer differ "
             "from the ones the episode ran with (replay with the run's own topology and task)"
         )
+
+
+def ancestors(calls: list[CallRecord], point: int) -> frozenset[int]:
+    """The positions of the calls that the call at ``point`` runs inside (an agent used as a tool, nested)."""
+    by_position = {c.position: c for c in calls}
+    found, parent = set(), by_position[point].parent
+    while parent is not None:
+        found.add(parent)
+        parent = by_position[parent].parent
+    return frozenset(found)
 
 
 def _first_difference(built: list[int], stored: tuple[int, ...]) -> str:
