@@ -11,7 +11,7 @@ from tests.scripted import ScriptedBackend
 from workbench.analysis import CallEstimate, Mean
 from workbench.analysis.estimate import means
 from workbench.backends.hf import HFBackend
-from workbench.engine.forcing import ReplayDivergence
+from workbench.engine.forcing import Forcing, ReplayDivergence, ReplayUnsupported
 from workbench.models import resolve
 from workbench.store.records import CallRecord, EpisodeRecord
 from workbench.tools import TOOL_KINDS, Tool, ToolResult, register_tool_kind
@@ -214,6 +214,52 @@ def test_a_nested_call_replays_with_its_parents_later_turns_sampled_again(tmp_pa
         "role/planner",
         "role/worker",
     }
+
+
+def test_a_routed_tools_output_is_distilled_again_from_the_store_and_never_fetched(monkeypatch, tmp_path):
+    """MARS routes search results through System 1 (nested calls). A replay from a System 1 call distils the
+    stored documents again (the search never runs), and System 2's later turns read the new summary."""
+    import json
+
+    import workbench.tools as tools
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve("tiny"))
+    task = wb.generate_tasks("multihop", n=1, seed=5, hops=1)[0]
+
+    def script(prompt: str) -> str:
+        if "expert information extractor" in prompt:
+            return "Distilled: the fact you need."
+        turns = prompt.count("<tool_response>")
+        if turns == 0:
+            call = {"name": "search", "arguments": {"queries": [task.question], "purpose": "find it"}}
+            return f"<think>search first</think><tool_call>{json.dumps(call)}</tool_call>"
+        if turns == 1:
+            return '<think>compute</think><tool_call>{"name": "python", "arguments": {"code": "print(6*7)"}}</tool_call>'
+        return "<answer>" + ("777" if "777" in prompt else task.answer) + "</answer>"
+
+    backend = ScriptedBackend(tokenizer, script)
+    run = wb.rollout("mars", [task], backend=backend, runs_dir=tmp_path)
+    with wb.RunReader(run.run_dir) as reader:
+        calls = reader.calls(arrays="list").set_index("position")
+    system1 = calls[calls["role"] == "system1"]
+    assert len(system1) >= 1 and calls.loc[0, "tool_results"][0]["documents"]  # the raw output is kept
+    ran = []
+    real = tools.run_tool
+    monkeypatch.setattr(
+        tools, "run_tool", lambda tool, arguments, **kw: ran.append(arguments) or real(tool, arguments, **kw)
+    )
+    result = wb.replay(run.run_dir, int(system1["id"].iloc[0]), n=1, arms=["replace"], replacement="Fact: 777.",
+                       backend=backend)  # fmt: skip
+    (replayed,) = result.arms["replace"]
+    assert replayed.answer == "777" and [a for a in ran if "queries" in a] == []  # search not run; python was
+    assert [a for a in ran if "code" in a] and replayed.calls[0].tool_results[0]["documents"] == list(
+        calls.loc[0, "tool_results"][0]["documents"]
+    )
+    older = [{k: v for k, v in r.items() if k != "documents"} for r in calls.loc[0, "tool_results"]]
+    source = result.source
+    source.calls[0].tool_results = older  # as a run stored before documents were kept
+    with pytest.raises(ReplayUnsupported, match="raw output was not stored"):
+        Forcing(source.calls, source.position).tool_result(0, 0, "search")
 
 
 class Counting(Tool):

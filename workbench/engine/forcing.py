@@ -166,12 +166,28 @@ class Forcing:
         if stored.get("agent"):
             return None
         if stored.get("via"):
+            if "documents" in stored:
+                return None  # routed: ``routed_documents`` gives the engine the stored output to distil again
             raise ReplayUnsupported(
                 f"call {position} ({call.role}) routed tool '{name}' through role '{stored['via']}': its raw "
-                "output is not stored, so the replay cannot keep it; replay from a call before it or after it"
+                "output was not stored (a run from before it was), so the replay cannot keep it; replay from a "
+                "call before it, or roll out again"
             )
         text = stored.pop("text", "")
         return self._full_text(call, text), stored
+
+    def routed_documents(self, position: int, index: int) -> tuple[list[str] | None, dict[str, Any]]:
+        """The stored raw output (documents) of a forced call's ``index``-th tool call where a role distilled
+        it (MARS's System 1), and the call's summary; (None, {}) otherwise."""
+        if not self._forced(position) or position not in self.calls:
+            return None, {}
+        stored = dict(self.calls[position].tool_results[index])
+        if not stored.get("via") or stored.get("agent") or "documents" not in stored:
+            return None, {}
+        documents = stored.pop("documents")
+        for derived in ("text", "via", "bins"):
+            stored.pop(derived, None)
+        return list(documents), stored
 
     def _full_text(self, call: CallRecord, text: str) -> str:
         """A stored tool text, made whole again where the store capped it: the call's inserted tokens hold

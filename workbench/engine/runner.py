@@ -599,6 +599,12 @@ class Rollout:
             forced = self.forcing.tool_result(parent, index, call.name)
             if forced is not None:
                 return forced
+            documents, info = self.forcing.routed_documents(parent, index)
+            if (
+                documents is not None
+            ):  # the stored output, distilled again (its System 1 calls forced in turn)
+                return await self._route(self.topology.tools[call.name], documents, call, variables, state,
+                                         parent, info)  # fmt: skip
         if node.refuse_duplicates and {"name": call.name, "arguments": call.arguments} in done:
             return node.refuse_duplicates, {
                 "name": call.name,
@@ -652,12 +658,24 @@ class Rollout:
         if not result.ok:
             return f"Error: {result.error}", info
         if spec.route is not None:
-            documents = _documents(result.content)
-            distilled = await self._distil(spec, documents, call, variables, state, parent)
-            info["via"] = spec.route.via
-            info["bins"] = len(distilled)
-            return _truncate("\n\n".join(distilled), spec.truncate), info
+            return await self._route(spec, _documents(result.content), call, variables, state, parent, info)
         return _truncate(_as_text(result.content), spec.truncate), info
+
+    async def _route(
+        self,
+        spec: Any,
+        documents: list[str],
+        call: ToolCall,
+        variables: dict,
+        state: _Episode,
+        parent: int,
+        info: dict[str, Any],
+    ) -> tuple[str, dict[str, Any]]:
+        """A routed tool's output distilled by its ``via`` role; the raw documents are kept in the record
+        (``documents``), so that a replay distils the same ones without running the tool."""
+        distilled = await self._distil(spec, documents, call, variables, state, parent)
+        info = {**info, "via": spec.route.via, "bins": len(distilled), "documents": documents}
+        return _truncate("\n\n".join(distilled), spec.truncate), info
 
     def _tool(self, name: str, task: dict[str, Any] | None) -> Any:
         """The tool instance for ``name``; a corpus-less search tool searches the task's own corpus."""
