@@ -36,7 +36,6 @@ def smollm2_path() -> Path:
 # the parallel phase (-m "not vllm").
 VLLM_MODULES = {
     "test_backend_vllm.py",
-    "test_models_vllm.py",
     "test_training_vllm.py",
     "test_learning_tools.py",
 }
