@@ -33,3 +33,47 @@ class ScriptedBackend:
 
     def close(self) -> None:
         pass
+
+
+def mars_script(task, answer: Callable[[str], str] | None = None) -> Callable[[str], str]:
+    """MARS's System 2 on a script: a search (routed through System 1, which distils it), then python, then
+    ``answer(prompt)`` (default: the task's answer)."""
+    import json
+
+    def script(prompt: str) -> str:
+        if "expert information extractor" in prompt:
+            return "Distilled: the fact you need."
+        turns = prompt.count("<tool_response>")
+        if turns == 0:
+            call = {"name": "search", "arguments": {"queries": [task.question], "purpose": "find it"}}
+            return f"<think>search first</think><tool_call>{json.dumps(call)}</tool_call>"
+        if turns == 1:
+            return '<think>compute</think><tool_call>{"name": "python", "arguments": {"code": "print(6*7)"}}</tool_call>'
+        return f"<think>done</think><answer>{answer(prompt) if answer else task.answer}</answer>"
+
+    return script
+
+
+def matpo_script(task, answer: Callable[[str], str] | None = None) -> Callable[[str], str]:
+    """MATPO on a script: the planner delegates to the worker (an agent used as a tool), which searches and
+    reports, then the planner answers; both report ``answer(prompt)`` (default: the task's answer)."""
+
+    def script(prompt: str) -> str:
+        found = answer(prompt) if answer else task.answer
+        if "sub-agent working on a specific part" in prompt:
+            if "This is your final turn" in prompt:
+                return "# Final Response: found\n## Conclusion\nThe answer is " + found
+            if "<use_mcp_tool>" not in prompt.split("YOUR ASSIGNED SUBTASK")[1]:
+                return (
+                    "<use_mcp_tool>\n<server_name>search_and_scrape_webpage</server_name>\n<tool_name>google_search"
+                    f'</tool_name>\n<arguments>\n{{"q": "{task.question}"}}\n</arguments>\n</use_mcp_tool>'
+                )
+            return "I have what I need."
+        if "Final Response" in prompt:
+            return f"The answer is \\boxed{{{found}}}."
+        return (
+            "Delegate.\n<use_mcp_tool>\n<server_name>browsing_agent</server_name>\n<tool_name>search_and_browse"
+            '</tool_name>\n<arguments>\n{"subtask": "look it up"}\n</arguments>\n</use_mcp_tool>'
+        )
+
+    return script

@@ -7,7 +7,7 @@ import pytest
 from transformers import AutoTokenizer
 
 import workbench as wb
-from tests.scripted import ScriptedBackend
+from tests.scripted import ScriptedBackend, mars_script, matpo_script
 from workbench.engine import Rollout
 from workbench.models import resolve
 from workbench.store.codec import TokenOwner
@@ -28,18 +28,7 @@ def _owned(call, owner):
 
 
 def test_mars_routes_search_through_system1_and_passes_python_straight_back(tokenizer, task):
-    def script(prompt: str) -> str:
-        if "expert information extractor" in prompt:
-            return "Distilled: the fact you need."
-        turns = prompt.count("<tool_response>")
-        if turns == 0:
-            call = {"name": "search", "arguments": {"queries": [task.question], "purpose": "find it"}}
-            return f"<think>search first</think><tool_call>{json.dumps(call)}</tool_call>"
-        if turns == 1:
-            return '<think>compute</think><tool_call>{"name": "python", "arguments": {"code": "print(6*7)"}}</tool_call>'
-        return f"<think>done</think><answer>{task.answer}</answer>"
-
-    backend = ScriptedBackend(tokenizer, script)
+    backend = ScriptedBackend(tokenizer, mars_script(task))
     episode = asyncio.run(Rollout(wb.load_topology("mars"), backend).episode(task))
     assert episode.status == "complete", episode.error
     assert episode.answer == task.answer
@@ -96,25 +85,9 @@ def test_mars_cpu_continues_a_prefilled_transcript_and_routes_one_document_throu
 
 
 def test_matpo_worker_runs_as_a_nested_agent_with_a_fresh_context(tokenizer, task):
-    def script(prompt: str) -> str:
-        if "sub-agent working on a specific part" in prompt:
-            if "This is your final turn" in prompt:
-                return "# Final Response: found\n## Conclusion\nThe answer is " + task.answer
-            if "<use_mcp_tool>" not in prompt.split("YOUR ASSIGNED SUBTASK")[1]:
-                return (
-                    "<use_mcp_tool>\n<server_name>search_and_scrape_webpage</server_name>\n<tool_name>google_search"
-                    f'</tool_name>\n<arguments>\n{{"q": "{task.question}"}}\n</arguments>\n</use_mcp_tool>'
-                )
-            return "I have what I need."
-        if "Final Response" in prompt:
-            return f"The answer is \\boxed{{{task.answer}}}."
-        return (
-            "Delegate.\n<use_mcp_tool>\n<server_name>browsing_agent</server_name>\n<tool_name>search_and_browse"
-            '</tool_name>\n<arguments>\n{"subtask": "look it up"}\n</arguments>\n</use_mcp_tool>'
-        )
 
     episode = asyncio.run(
-        Rollout(wb.load_topology("matpo"), ScriptedBackend(tokenizer, script)).episode(task)
+        Rollout(wb.load_topology("matpo"), ScriptedBackend(tokenizer, matpo_script(task))).episode(task)
     )
     assert episode.status == "complete", episode.error
     assert episode.answer == task.answer

@@ -7,7 +7,7 @@ import pytest
 from transformers import AutoTokenizer
 
 import workbench as wb
-from tests.scripted import ScriptedBackend
+from tests.scripted import ScriptedBackend, mars_script, matpo_script
 from workbench.analysis import CallEstimate, Mean
 from workbench.analysis.estimate import means
 from workbench.backends.hf import HFBackend
@@ -165,37 +165,27 @@ def test_a_background_batch_replays_each_call_in_a_run_that_exists_at_once(sourc
         assert reader.config["policies"] == {"base": "tiny"} and len(reader.calls(step=0)) == 5
 
 
+def _scripted_run(topology: str, script_of, marker: str, tmp_path):
+    """One scripted episode of ``topology`` on a multihop task, stored; its answers become ``marker`` wherever
+    a prompt holds it (so a replay's new text shows downstream). The tokenizer, task, backend, run, calls."""
+    tokenizer = AutoTokenizer.from_pretrained(resolve("tiny"))
+    task = wb.generate_tasks("multihop", n=1, seed=5, hops=1)[0]
+    backend = ScriptedBackend(
+        tokenizer, script_of(task, lambda prompt: marker if marker in prompt else task.answer)
+    )
+    run = wb.rollout(topology, [task], backend=backend, runs_dir=tmp_path)
+    with wb.RunReader(run.run_dir) as reader:
+        return tokenizer, task, backend, run.run_dir, reader.calls(arrays="list").set_index("position")
+
+
 def test_a_nested_call_replays_with_its_parents_later_turns_sampled_again(tmp_path):
     """MATPO's worker runs inside the planner (an agent used as a tool). A replay from the worker keeps the
     planner's turn that delegated to it; the planner's turn after the worker returns reads the new worker."""
-    tokenizer = AutoTokenizer.from_pretrained(resolve("tiny"))
-    task = wb.generate_tasks("multihop", n=1, seed=5, hops=1)[0]
-
-    def script(prompt: str) -> str:
-        if "sub-agent working on a specific part" in prompt:
-            if "This is your final turn" in prompt:
-                return "# Final Response\nThe answer is " + ("999" if "999" in prompt else task.answer)
-            if "<use_mcp_tool>" not in prompt.split("YOUR ASSIGNED SUBTASK")[1]:
-                return (
-                    "<use_mcp_tool>\n<server_name>search_and_scrape_webpage</server_name>\n<tool_name>google_search"
-                    f'</tool_name>\n<arguments>\n{{"q": "{task.question}"}}\n</arguments>\n</use_mcp_tool>'
-                )
-            return "I have what I need."
-        if "Final Response" in prompt:
-            return "\\boxed{" + ("999" if "The answer is 999" in prompt else task.answer) + "}"
-        return (
-            "Delegate.\n<use_mcp_tool>\n<server_name>browsing_agent</server_name>\n<tool_name>search_and_browse"
-            '</tool_name>\n<arguments>\n{"subtask": "look it up"}\n</arguments>\n</use_mcp_tool>'
-        )
-
-    backend = ScriptedBackend(tokenizer, script)
-    run = wb.rollout("matpo", [task], backend=backend, runs_dir=tmp_path)
-    with wb.RunReader(run.run_dir) as reader:
-        calls = reader.calls(arrays="list").set_index("position")
+    tokenizer, task, backend, run_dir, calls = _scripted_run("matpo", matpo_script, "999", tmp_path)
     assert list(calls["role"]) == ["planner", "worker"] and calls.loc[1, "parent_id"] == calls.loc[0, "id"]
     worker = int(calls.loc[1, "id"])
     result = wb.replay(
-        run.run_dir, worker, n=1, arms=["keep", "replace"], replacement="Maybe 999.", backend=backend
+        run_dir, worker, n=1, arms=["keep", "replace"], replacement="Maybe 999.", backend=backend
     )
     assert result.source.ancestors == {0}
     kept, replaced = result.arms["keep"][0], result.arms["replace"][0]
@@ -219,28 +209,10 @@ def test_a_nested_call_replays_with_its_parents_later_turns_sampled_again(tmp_pa
 def test_a_routed_tools_output_is_distilled_again_from_the_store_and_never_fetched(monkeypatch, tmp_path):
     """MARS routes search results through System 1 (nested calls). A replay from a System 1 call distils the
     stored documents again (the search never runs), and System 2's later turns read the new summary."""
-    import json
 
     import workbench.tools as tools
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve("tiny"))
-    task = wb.generate_tasks("multihop", n=1, seed=5, hops=1)[0]
-
-    def script(prompt: str) -> str:
-        if "expert information extractor" in prompt:
-            return "Distilled: the fact you need."
-        turns = prompt.count("<tool_response>")
-        if turns == 0:
-            call = {"name": "search", "arguments": {"queries": [task.question], "purpose": "find it"}}
-            return f"<think>search first</think><tool_call>{json.dumps(call)}</tool_call>"
-        if turns == 1:
-            return '<think>compute</think><tool_call>{"name": "python", "arguments": {"code": "print(6*7)"}}</tool_call>'
-        return "<answer>" + ("777" if "777" in prompt else task.answer) + "</answer>"
-
-    backend = ScriptedBackend(tokenizer, script)
-    run = wb.rollout("mars", [task], backend=backend, runs_dir=tmp_path)
-    with wb.RunReader(run.run_dir) as reader:
-        calls = reader.calls(arrays="list").set_index("position")
+    tokenizer, task, backend, run_dir, calls = _scripted_run("mars", mars_script, "777", tmp_path)
     system1 = calls[calls["role"] == "system1"]
     assert len(system1) >= 1 and calls.loc[0, "tool_results"][0]["documents"]  # the raw output is kept
     ran = []
@@ -248,7 +220,7 @@ def test_a_routed_tools_output_is_distilled_again_from_the_store_and_never_fetch
     monkeypatch.setattr(
         tools, "run_tool", lambda tool, arguments, **kw: ran.append(arguments) or real(tool, arguments, **kw)
     )
-    result = wb.replay(run.run_dir, int(system1["id"].iloc[0]), n=1, arms=["replace"], replacement="Fact: 777.",
+    result = wb.replay(run_dir, int(system1["id"].iloc[0]), n=1, arms=["replace"], replacement="Fact: 777.",
                        backend=backend)  # fmt: skip
     (replayed,) = result.arms["replace"]
     assert replayed.answer == "777" and [a for a in ran if "queries" in a] == []  # search not run; python was

@@ -39,6 +39,9 @@ from workbench.topology import Topology, to_dict
 from workbench.topology.spec import with_sampling
 
 ARMS = ("keep", "resample", "replace")
+#: A replay's settings beside its call, ``n`` and tasks, with their defaults (``replay``'s arguments).
+SETTINGS: dict[str, Any] = {"arms": None, "replacement": None, "policies": None, "backend": "hf", "sampling": None,
+                            "seed": None, "max_tokens": None, "judge": None, "device": "auto", "dtype": "auto"}  # fmt: skip
 
 
 @dataclass
@@ -157,8 +160,9 @@ def replay(
     ``background=True`` returns a :class:`~workbench.training.BackgroundRun` of the replay's run at once (its
     ``run_dir`` already exists) and replays in a spawned process; policies, backend and judge by name.
     """
-    plan = plan_replay(run_dir, call_id, n, arms, replacement, policies, backend, sampling, seed, max_tokens,
-                       tasks, judge, device, dtype)  # fmt: skip
+    settings = dict(arms=arms, replacement=replacement, policies=policies, backend=backend, sampling=sampling,
+                    seed=seed, max_tokens=max_tokens, judge=judge, device=device, dtype=dtype)  # fmt: skip
+    plan = plan_replay(run_dir, call_id, n, tasks, **settings)
     if background:
         from workbench.training import launch
 
@@ -172,24 +176,19 @@ def replay(
 
 
 def plan_replay(
-    run_dir: str | Path,
-    call_id: int,
-    n: int = 8,
-    arms: Sequence[str] | None = None,
-    replacement: str | None = None,
-    policies: dict[str, PolicySpec] | None = None,
-    backend: str | Backend = "hf",
-    sampling: dict[str, Any] | None = None,
-    seed: int | None = None,
-    max_tokens: int | None = None,
-    tasks: list[Task] | None = None,
-    judge: str | Backend | None = None,
-    device: str = "auto",
-    dtype: str = "auto",
+    run_dir: str | Path, call_id: int, n: int = 8, tasks: list[Task] | None = None, **settings: Any
 ) -> ReplayPlan:
-    """Check that call ``call_id`` can be replayed so, and say how (``replay`` takes the same arguments)."""
+    """Check that call ``call_id`` can be replayed so, and say how. ``settings`` are ``replay``'s (``arms``,
+    ``replacement``, ``policies``, ``backend``, ``sampling``, ``seed``, ``max_tokens``, ``judge``, ``device``,
+    ``dtype``), with its defaults."""
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        raise TypeError(f"unknown replay settings {unknown}; the settings are {', '.join(SETTINGS)}")
+    get = {**SETTINGS, **settings}.get
+    replacement, policies, sampling, seed, max_tokens = (get(k) for k in ("replacement", "policies", "sampling",
+                                                                          "seed", "max_tokens"))  # fmt: skip
     source = load_source(run_dir, call_id, tasks)
-    arms = _arms(arms, replacement)
+    arms = _arms(get("arms"), replacement)
     if n < 1:
         raise ValueError(f"n={n}: replay at least one continuation per arm")
     topology = with_sampling(source.topology, **sampling) if sampling else source.topology
@@ -204,13 +203,13 @@ def plan_replay(
         n=n,
         replacement=replacement,
         policies=dict(policies or {}),
-        backend=backend,
+        backend=get("backend"),
         sampling=sampling,
         seed=int(source.config.get("seed", 0) if seed is None else seed),
         max_tokens=source.config.get("max_tokens") if max_tokens is None else max_tokens,
-        judge=judge,
-        device=device,
-        dtype=dtype,
+        judge=get("judge"),
+        device=get("device"),
+        dtype=get("dtype"),
     )
 
 
@@ -374,22 +373,9 @@ def plan_from_config(replay_dir: str | Path) -> ReplayPlan:
         name: Checkpoint(**spec) if isinstance(spec, dict) else spec
         for name, spec in (c.get("policies") or {}).items()
     }
-    return plan_replay(
-        source["run_dir"],
-        source["call_id"],
-        n=c["n"],
-        arms=c["arms"],
-        replacement=c.get("replacement"),
-        policies=policies,
-        backend=c.get("backend", "hf"),
-        sampling=c.get("sampling"),
-        seed=c.get("seed"),
-        max_tokens=c.get("max_tokens"),
-        tasks=load_tasks(Path(replay_dir) / TASKS_FILE),
-        judge=c.get("judge"),
-        device=c.get("device", "auto"),
-        dtype=c.get("dtype", "auto"),
-    )
+    settings = {key: c[key] for key in SETTINGS if key in c}
+    return plan_replay(source["run_dir"], source["call_id"], c["n"], load_tasks(Path(replay_dir) / TASKS_FILE),
+                       **{**settings, "policies": policies})  # fmt: skip
 
 
 def _source_config(source: SourceCall) -> dict[str, Any]:
