@@ -217,3 +217,60 @@ def test_a_real_rollout_browses_with_decoded_tokens(tmp_path):
     stored = browser.reader.calls(episode=browser.episode, columns=["mask"])["mask"].iloc[0].tolist()
     assert _owners_in(first.tokens.object) == stored
     browser.close()
+
+
+def test_show_role_opens_that_roles_calls_and_the_replay_form_says_what_cannot_be_replayed(run):
+    from widgets.operator_api import start_replay
+    from widgets.trajectory_browser import ReplayForm
+
+    run_dir, reader = run
+    form = ReplayForm(lambda call, n, policy: start_replay(run_dir, call, n, policy))
+    browser = TrajectoryBrowser(run_dir, replay=form)
+    browser.show_role("verifier1", step=1)
+    assert browser.role == "verifier1" and browser._role_select.value == "verifier1" and browser.total == N
+    assert browser.episode == episode_id(reader, 0), "the first episode with a verifier1 call"
+    tree = [c.id for _, c in q.walk(q.call_tree(reader, browser.episode))]  # a corrector1's call follows
+    solver, verifier, tool = (browser.calls[i] for i in tree[:3])
+    assert not solver.card.collapsed and not verifier.card.collapsed, "the way to the role's call is open"
+    assert tool.card.collapsed and "wb-role-match" in verifier.card.css_classes
+    assert _owners_in(verifier.tokens.object) == [1, 0]
+    assert browser._tree.objects[1] is form._layout and list(form.call.options.values()) == tree
+    assert form.call.value == verifier.node.id, "the role's first call is picked"
+    solver.card.collapsed, solver.card.collapsed = True, False  # expanding a card picks its call
+    assert form.call.value == solver.node.id
+    form.n.value = 2
+    form.submit()
+    assert "records no topology" in form.result.object and 'class="wb-replay-error"' in form.result.object
+    form.n.value = 0
+    form.submit()
+    assert "1 to 64" in form.result.object and form.handle is None, "nothing was launched"
+    browser.show_role("nobody")
+    assert browser.total == 0 and browser.episode is None and "nobody" in browser._role_select.options
+    browser.close()
+
+
+def test_a_run_graph_follows_new_steps_and_reports_clicks_on_its_roles(tmp_path):
+    from widgets.run_graph import RunGraph
+
+    store = RunStore.create(tmp_path, config={"kind": "train", "topology": "marsrl"})
+
+    def step(i):
+        with store.step(i) as s:
+            s.log_metrics({"reward/mean": 0.1 * i}, role="solver")
+
+    step(0)
+    clicked = []
+    graph = RunGraph(store.run_dir, on_role=clicked.append)
+    assert graph.step.options == [0] and not graph.refresh(), "nothing new: the store is not read"
+    step(1)
+    assert graph.refresh() and graph.step.options == [0, 1] and graph.step.value == 1, "on the last: follows"
+    assert 'data-value="0.1"' in graph.diagram.object
+    graph.step.value = 0
+    step(2)
+    assert graph.refresh() and graph.step.options == [0, 1, 2]
+    assert graph.step.value == 0, "a chosen step stays"
+    graph.diagram.param.update(clicked="solver", clicks=1)  # what a click on the Solver's node sets
+    graph.diagram.param.update(clicked="nobody", clicks=2)  # not a role of the topology: ignored
+    graph.diagram.param.update(clicked="solver", clicks=3)  # the same node again
+    assert clicked == ["solver", "solver"] and graph.role == "solver"
+    store.close()

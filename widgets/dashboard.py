@@ -2,11 +2,15 @@
 
 ``Dashboard(runs_dir, role)`` is one person's view (one per browser session when served by
 ``workbench serve``; displayable in a notebook too). The runs table refreshes every second; selecting
-a run opens its status (with a failed run's error), RewardMonitor, TrajectoryBrowser and config; the
-status follows the runs table. Operators also get the RunLauncher and, while the selected run is active
-(created or running), a Stop button for it; a viewer's page holds neither (and the server refuses a
-viewer's launch or stop request however it is sent, see ``widgets.operator_api`` and
-``RunLauncher.can_operate``). The dashboard only reads the run store.
+a run opens its status (with a failed run's error), RewardMonitor, TrajectoryBrowser, RunGraph and
+config; the status follows the runs table, and the graph's step slider the run's new complete steps. A
+click on a node of the graph opens the Trajectories tab on that role's calls at the graph's step
+(``show_role``). Operators also get the RunLauncher, while the selected run is active (created or
+running) a Stop button for it, and under an open episode the trajectory browser's "Replay from this
+call" form (a background ``wb.replay``; the replay run appears in the runs table like any run, and the
+form links to it); a viewer's page holds none of them (and the server refuses a viewer's launch, stop
+or replay request however it is sent, see ``widgets.operator_api`` and ``RunLauncher.can_operate``).
+Apart from those operator actions, the dashboard only reads the run store.
 
 Many sessions cost about one: the runs list and each run's metrics, step and status are read once per
 change for all sessions of the process (``widgets.shared_poll``), a session sends its page only what
@@ -36,6 +40,9 @@ from widgets.shared_poll import RUN_COLUMNS, runs_version
 from widgets.shared_poll import runs_table as shared_runs_table
 
 __all__ = ["RUN_COLUMNS", "Dashboard", "runs_table"]
+
+#: The run view's tabs that are built when first shown.
+TRAJECTORIES, GRAPH = 1, 2
 
 
 def runs_table(runs_dir: Path) -> pd.DataFrame:
@@ -89,6 +96,10 @@ class Dashboard(pn.viewable.Viewer):
         self._status: str | None = None
         self._run_header = pn.Row(sizing_mode="stretch_width")
         self._views: list[Any] = []
+        self._tabs: pn.Tabs | None = None
+        self._browser: Any = None
+        self._graph: Any = None
+        self._trajectories = self._graph_view = pn.Column()
         self._callback = None
         self._shown = False
 
@@ -100,6 +111,8 @@ class Dashboard(pn.viewable.Viewer):
         if version == self._runs_version:
             return
         self._runs_version = version
+        if self._graph is not None:  # a graph opened on a running run follows its new steps
+            self._graph.refresh(min_interval)
         frame = runs_table(self.runs_dir)
         current = self.table.value
         if frame.equals(current):
@@ -138,47 +151,83 @@ class Dashboard(pn.viewable.Viewer):
         for view in self._views:
             getattr(view, "close", lambda: None)()
         self.selected = run_dir
+        ids = list(self.table.value["id"])
+        if run_id in ids:  # opened by a link or a button: the runs table shows it selected
+            self.table.selection = [ids.index(run_id)]
         # a run opened by the page's link (before the page is first shown) sends its plots after the
         # page; a run opened by a click in a shown page, at once
         monitor = RewardMonitor(
             run_dir, interval_ms=max(self.refresh_ms // 2, 100), show_error=False, defer_plots=not self._shown
         )
         self._views = [monitor]
-        trajectories = pn.Column(pn.pane.Markdown("Loading…"), sizing_mode="stretch_width")
-        graph = pn.Column(pn.pane.Markdown("Loading…"), sizing_mode="stretch_width")
-        tabs = pn.Tabs(
+        self._browser = self._graph = None
+        self._trajectories = pn.Column(pn.pane.Markdown("Loading…"), sizing_mode="stretch_width")
+        self._graph_view = pn.Column(pn.pane.Markdown("Loading…"), sizing_mode="stretch_width")
+        self._tabs = pn.Tabs(
             ("Curves", monitor),
-            ("Trajectories", trajectories),
-            ("Graph", graph),
+            ("Trajectories", self._trajectories),
+            ("Graph", self._graph_view),
             ("Config", pn.pane.JSON(monitor.feed.reader.config, depth=2, sizing_mode="stretch_width")),
             dynamic=True,
             sizing_mode="stretch_width",
         )
-
-        def open_tab(
-            event: Any,
-        ) -> None:  # the trajectory browser and the graph read the store when first shown
-            if self.selected != run_dir:
-                return
-            if event.new == 1 and len(self._views) == 1:
-                self._views.append(browser := self._browser(run_dir))
-                trajectories.objects = [browser]
-            elif (
-                event.new == 2 and len(graph.objects) == 1 and isinstance(graph.objects[0], pn.pane.Markdown)
-            ):
-                from widgets.run_graph import RunGraph
-
-                graph.objects = [RunGraph(run_dir)]
-
-        tabs.param.watch(open_tab, "active")
+        self._tabs.param.watch(lambda event: self._open_tab(run_dir, event.new), "active")
         self._show_status()
-        self.run_view.objects = [self._run_header, tabs]
+        self.run_view.objects = [self._run_header, self._tabs]
 
-    @staticmethod
-    def _browser(run_dir: Path) -> Any:
-        from widgets.trajectory_browser import TrajectoryBrowser
+    def _open_tab(self, run_dir: Path, tab: int) -> None:
+        """Build the trajectory browser or the graph (each reads the store) when its tab is first shown."""
+        if self.selected != run_dir:
+            return
+        if tab == TRAJECTORIES:
+            self._trajectory_browser()
+        elif tab == GRAPH and self._graph is None:
+            from widgets.run_graph import RunGraph
 
-        return TrajectoryBrowser(run_dir)
+            self._graph = RunGraph(run_dir, on_role=self.show_role)
+            self._views.append(self._graph)
+            self._graph_view.objects = [self._graph]
+
+    def _trajectory_browser(self) -> Any:
+        """The selected run's trajectory browser, built on first use."""
+        if self._browser is None and self.selected is not None:
+            self._browser = self._make_browser(self.selected)
+            self._views.append(self._browser)
+            self._trajectories.objects = [self._browser]
+        return self._browser
+
+    def show_role(self, role: str) -> None:
+        """Switch the selected run's view to its Trajectories tab, showing the calls of ``role`` (at the
+        graph's step): what a click on a node of the Graph tab does."""
+        if self.selected is None:
+            return
+        step = self._graph.step.value if self._graph is not None and not self._graph.step.disabled else None
+        self._tabs.active = TRAJECTORIES
+        self._trajectory_browser().show_role(role, step)
+
+    def _make_browser(self, run_dir: Path) -> Any:
+        from widgets.trajectory_browser import ReplayForm, TrajectoryBrowser
+
+        replay = None
+        if self.operator:  # a viewer's page holds no replay form (and the server refuses its requests)
+            from widgets.operator_api import MAX_REPLAY_N, checkpoint_steps
+
+            replay = ReplayForm(
+                lambda call_id, n, policy: self._replay(run_dir, call_id, n, policy),
+                policies=checkpoint_steps(run_dir),
+                open_run=self.open_run,
+                max_n=MAX_REPLAY_N,
+                interval_ms=self.refresh_ms,
+            )
+        return TrajectoryBrowser(run_dir, replay=replay)
+
+    def _replay(self, run_dir: Path, call_id: int, n: int, policy: str | None) -> Any:
+        from widgets.operator_api import start_replay
+
+        # the role is checked again on the server at the moment of the click
+        if not self.can_operate():
+            raise PermissionError(f"user {self.user!r} may no longer replay calls (only operators may)")
+        return start_replay(run_dir, call_id, n, policy)
 
     def _show_status(self) -> None:
         """Redraw the selected run's header: its status, a failed run's error, Stop while it is active."""

@@ -1,11 +1,18 @@
-"""The dashboard's operator requests over HTTP: launch a run, stop a run; refused to anyone but an operator.
+"""The dashboard's operator requests over HTTP: launch, stop, replay; refused to anyone but an operator.
 
 ``POST /api/runs`` (a JSON body of RunLauncher fields) starts a rollout or training run; ``POST
-/api/runs/<run_id>/stop`` asks a run to stop. Both look the session of the signed cookie up on the
-server (``widgets.sessions``) and answer 401 without a live one and 403 for a viewer, whatever the
-request says. Bodies must be ``application/json``, which a cross-site form cannot send (no CSRF through a
-signed-in browser), and at most ``JSON_BODY_BYTES`` long: a longer one gets 413 before it is read.
-Without a users file (a dashboard bound to localhost only) the local user is the operator.
+/api/runs/<run_id>/stop`` asks a run to stop; ``POST /api/runs/<run_id>/replay`` (``{"call_id": ID,
+"n": N, "policy": null | "step:K"}``) starts a background counterfactual replay (``wb.replay``) of one
+of the run's calls, stored as a new run in the same runs directory, and answers its id. All
+look the session of the signed cookie up on the server (``widgets.sessions``) and answer 401 without a
+live one and 403 for a viewer, whatever the request says; a malformed request, or a call that cannot
+be replayed, gets 400 saying what is wrong. Bodies must be ``application/json``, which a cross-site
+form cannot send (no CSRF through a signed-in browser), and at most ``JSON_BODY_BYTES`` long: a longer
+one gets 413 before it is read. Without a users file (a dashboard bound to localhost only) the local
+user is the operator.
+
+``start_replay`` (the checks and the launch) is shared with the in-page "Replay from this call" form of
+the dashboard's trajectory browser, which also checks the role at the moment of the click.
 """
 
 from __future__ import annotations
@@ -17,8 +24,64 @@ from typing import Any
 
 from widgets.gate import JSON_BODY_BYTES, SmallBodyHandler
 from widgets.sessions import Sessions
+from workbench.store.errors import StoreError
+from workbench.store.layout import CHECKPOINTS_NAME
 
 log = logging.getLogger("workbench.dashboard")
+#: The most continuations (per arm) an operator's replay may ask for.
+MAX_REPLAY_N = 64
+#: What a replay request may fail of, answered as a 400 (or shown in the page) rather than raised.
+REPLAY_ERRORS = (ValueError, TypeError, LookupError, OverflowError, OSError, StoreError)
+
+
+def checkpoint_steps(run_dir: Path) -> list[str]:
+    """``step:K`` for each checkpoint the run kept (what may play a replayed call's policy), oldest first."""
+    if not (Path(run_dir) / CHECKPOINTS_NAME).is_dir():  # no torch import for a run without checkpoints
+        return []
+    from workbench.rl import checkpoint
+
+    return [f"step:{int(path.name.split('-')[1])}" for path in checkpoint.complete(Path(run_dir))]
+
+
+def _whole_number(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be a whole number, not {value!r}")
+    return value
+
+
+def _checkpoint_plays(run_dir: Path, policy: Any, call_id: int, role: str, played: Any) -> dict | None:
+    """``policies`` for the replay: None for the run's model, else the checkpoint ``policy`` ("step:K", one
+    the run kept) playing the call's own policy ``played``."""
+    if policy in (None, ""):
+        return None
+    kept = checkpoint_steps(run_dir)
+    if policy not in kept:
+        raise ValueError(
+            f"policy {policy!r} is not a checkpoint of this run (kept: {', '.join(kept) or 'none'})"
+        )
+    if not isinstance(played, str) or not played:
+        raise ValueError(f"call {call_id} ({role}) names no policy for the checkpoint to play")
+    return {played: policy}
+
+
+def start_replay(run_dir: Path, call_id: Any, n: Any = 8, policy: Any = None) -> Any:
+    """Start a background replay of call ``call_id`` of the run in ``run_dir``, ``n`` continuations per arm
+    (1..``MAX_REPLAY_N``), stored beside it; ``policy`` None plays the run's model, ``"step:K"`` one of its
+    checkpoints for the call's policy. Returns the replay's ``BackgroundRun``; raises one of
+    ``REPLAY_ERRORS`` saying what is wrong, the replay's own checks included (a call it cannot replay,
+    such as one nested in a grouped rollout's call); nothing is started then."""
+    from workbench.analysis.replay import replay
+    from workbench.store import RunReader
+
+    call_id, n = _whole_number(call_id, "call_id"), _whole_number(n, "n")
+    if not 1 <= n <= MAX_REPLAY_N:
+        raise ValueError(f"n={n}: ask for 1 to {MAX_REPLAY_N} continuations")
+    with RunReader(run_dir) as reader:
+        row = reader.sql("SELECT role, policy FROM calls WHERE id = ?", (call_id,))
+    if row.empty:
+        raise ValueError(f"run {Path(run_dir).name} has no call {call_id}")
+    policies = _checkpoint_plays(run_dir, policy, call_id, row.iloc[0]["role"], row.iloc[0]["policy"])
+    return replay(run_dir, call_id, n=n, policies=policies, runs_dir=Path(run_dir).parent, background=True)
 
 
 class OperatorHandler(SmallBodyHandler):
@@ -51,26 +114,48 @@ class OperatorHandler(SmallBodyHandler):
         self.set_status(status)
         self.finish({"error": message})
 
-
-class StopHandler(OperatorHandler):
-    def post(self, run_id: str) -> None:
-        from workbench.store.errors import StoreError
+    def _run_dir(self, run_id: str) -> Path | None:
+        """The directory of run ``run_id``, or None after answering 400 (a malformed id) or 404."""
         from workbench.store.layout import check_run_id
-        from workbench.training import BackgroundRun
 
-        if self._operator() is None:
-            return
         try:
             check_run_id(run_id)
         except StoreError as error:
             self._error(400, str(error))
-            return
+            return None
         run_dir = self.runs_dir / run_id
         if not run_dir.is_dir():
             self._error(404, f"no run {run_id!r} in {self.runs_dir}")
+            return None
+        return run_dir
+
+
+class StopHandler(OperatorHandler):
+    def post(self, run_id: str) -> None:
+        from workbench.training import BackgroundRun
+
+        if self._operator() is None or (run_dir := self._run_dir(run_id)) is None:
             return
         BackgroundRun(run_dir).request_stop()
         self.finish({"run": run_id, "stop": "requested"})
+
+
+class ReplayHandler(OperatorHandler):
+    FIELDS = frozenset({"call_id", "n", "policy"})
+
+    def post(self, run_id: str) -> None:
+        if (user := self._operator()) is None or (run_dir := self._run_dir(run_id)) is None:
+            return
+        try:
+            fields = json.loads(self.body or b"{}")
+            if not isinstance(fields, dict) or "call_id" not in fields or set(fields) - self.FIELDS:
+                raise ValueError('send {"call_id": ID, "n": N, "policy": null or "step:K"}')
+            handle = start_replay(run_dir, fields["call_id"], fields.get("n", 8), fields.get("policy"))
+        except REPLAY_ERRORS as error:
+            self._error(400, f"{type(error).__name__}: {error}")
+            return
+        log.info("%s replays call %s of %s as %s", user, fields["call_id"], run_id, handle.run_dir.name)
+        self.finish({"run": handle.run_dir.name, "status": handle.status, "source": run_id})
 
 
 class LaunchHandler(OperatorHandler):
@@ -94,5 +179,6 @@ def operator_routes(runs_dir: Path, sessions: Sessions | None) -> list[tuple[str
     bound = {"runs_dir": Path(runs_dir), "sessions": sessions}
     return [
         (r"/api/runs/([^/]+)/stop", type("BoundStop", (StopHandler,), bound), {}),
+        (r"/api/runs/([^/]+)/replay", type("BoundReplay", (ReplayHandler,), bound), {}),
         (r"/api/runs", type("BoundLaunch", (LaunchHandler,), bound), {}),
     ]

@@ -9,8 +9,17 @@ chosen episode: nested cards by parent call, each with role, policy and version,
 format error, parsed output, tool calls with their results, and its tokens coloured by owner, logprob
 or advantage (``widgets.token_view``). Only the current page and the open episode are read from the
 store (``workbench.store.queries``); a card's tokens are read when it is first expanded (the first
-top-level call opens expanded, the others collapsed). ``refresh()`` re-reads the steps and the page
-(a run being written shows its new steps); ``live=True`` refreshes every ``interval_ms`` while shown.
+top-level call opens expanded, the others collapsed; with a role filter, the calls of that role and
+the cards around them open, marked ``wb-role-match``). ``show_role(role)`` filters by a role and opens
+the first such episode (what a click on a node of the run's graph does). ``refresh()`` re-reads the
+steps and the page (a run being written shows its new steps); ``live=True`` refreshes every
+``interval_ms`` while shown.
+
+Given a ``ReplayForm`` (``replay=``; the dashboard gives one to operators), the open episode shows it:
+"Replay from this call" for one of its calls (expanding a card picks it; with a role filter, the first
+call of that role is picked), with the number of continuations and what plays the call's policy; it
+launches a background counterfactual replay (``wb.replay``) and shows the replay run's id, its status
+and a link that opens it (a call the replay cannot take gets its reason shown instead).
 
 Stable hooks for browser tests (CSS classes; widgets' labels in brackets):
 ``wb-browser`` the whole view · ``wb-run-header`` the run's id, model and status (``data-run``) ·
@@ -24,13 +33,18 @@ open it) · ``wb-prev``, ``wb-next`` and
 ``wb-tree`` the open episode (``wb-episode-header`` with ``data-episode``) · ``wb-call`` a call's
 card (plus ``wb-depth-D``; header ``<span class="wb-call-title" data-call=ID data-role=ROLE>``;
 collapsed cards expand on a click on their ``.card-header``) · ``wb-call-fields`` its fields ·
-tokens as in ``widgets.token_view``: ``.wb-tokens`` holding ``span.tok[data-owner]``.
+tokens as in ``widgets.token_view``: ``.wb-tokens`` holding ``span.tok[data-owner]`` · the replay form
+``wb-replay``: ``wb-replay-call`` ["Call"], ``wb-replay-n`` ["Continuations (n)"], ``wb-replay-policy``
+["Plays the call's policy"], ``wb-replay-button``, ``wb-replay-result`` (holding ``wb-replay-run`` with
+``data-run`` and ``data-status``, or ``wb-replay-error``) and ``wb-replay-open``.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,11 +61,14 @@ from workbench.store import RunReader
 from workbench.store import queries as q
 
 _esc = html.escape
+log = logging.getLogger("workbench.dashboard")
 #: Height of the episode table in pixels (it scrolls beyond), and of one of its rows.
 TABLE_HEIGHT, ROW_HEIGHT = 380, 28
 #: Characters of a JSON field (parsed output, tool arguments and results) shown before "…".
 JSON_CHARS = 4000
 _ANY_ROLE = "(any role)"
+#: The replay form's choice that plays the call's policy with the run's own model.
+RUN_MODEL = "the run's model"
 _ALL_STEPS = -1
 #: The episode cell: the id, in a span a browser test can find (the value is an int: nothing to escape).
 _EPISODE_CELL = '<span class="wb-episode" data-episode="<%= value %>"><%= value %></span>'
@@ -166,6 +183,130 @@ class EpisodeTable(pn.widgets.DataFrame):
         return properties
 
 
+class ReplayForm(pn.viewable.Viewer):
+    """Operators' "Replay from this call" under an open episode: which of its calls, how many
+    continuations, what plays the call's policy, a button; then the replay run's id, status and link.
+
+    ``launch(call_id, n, policy)`` starts the replay (``policy`` None: the run's model, else ``"step:K"``,
+    one of ``policies``) and returns its ``BackgroundRun``; what it raises is shown in the form, never
+    raised. The status is re-read every ``interval_ms`` while the replay is active. ``open_run(run_id)``
+    (the dashboard's) opens the replay run in the page; the link opens it in a new tab (``?run=``)."""
+
+    def __init__(
+        self,
+        launch: Callable[[int, int, str | None], Any],
+        policies: list[str] | tuple[str, ...] = (),
+        open_run: Callable[[str], Any] | None = None,
+        max_n: int = 64,
+        interval_ms: int = 1000,
+    ) -> None:
+        super().__init__()
+        self._launch, self._open_run, self.interval_ms = launch, open_run, interval_ms
+        self.handle: Any = None
+        self._status: str | None = None
+        self._callback: Any = None
+        self.call = pn.widgets.Select(label="Call", options={}, css_classes=["wb-replay-call"], width=230)
+        self.n = pn.widgets.IntInput(
+            label="Continuations (n)", value=8, start=1, end=max_n, css_classes=["wb-replay-n"], width=130
+        )
+        self.policy = pn.widgets.Select(
+            label="Plays the call's policy", options=[RUN_MODEL, *policies], css_classes=["wb-replay-policy"],
+            width=190,
+        )  # fmt: skip
+        self.button = pn.widgets.Button(
+            label="Replay from this call",
+            button_type="primary",
+            css_classes=["wb-replay-button"],
+            align="end",
+        )
+        self.button.on_click(lambda _e: self.submit())
+        self.result = pn.pane.HTML("", css_classes=["wb-replay-result"], align="center")
+        self.open_button = pn.widgets.Button(
+            label="Open the replay run", visible=False, css_classes=["wb-replay-open"]
+        )
+        self.open_button.on_click(lambda _e: self._open())
+        self._layout = pn.Column(
+            pn.Row(self.call, self.n, self.policy, self.button),
+            pn.Row(self.result, self.open_button),
+            css_classes=["wb-replay"],
+            sizing_mode="stretch_width",
+        )
+
+    def set_calls(self, calls: list[q.StoredCall]) -> None:
+        """The calls to choose from (an episode's, in tree order), the first chosen."""
+        inside = {c.id: f" (in call {c.parent_id})" if c.parent_id is not None else "" for c in calls}
+        self.call.options = {f"call {c.id} · {c.role}{inside[c.id]}": c.id for c in calls}
+        self.call.value = calls[0].id if calls else None
+
+    def select(self, call_id: int) -> None:
+        """Choose call ``call_id`` where it is one of the calls offered (else nothing changes)."""
+        if call_id in self.call.options.values():
+            self.call.value = call_id
+
+    def submit(self) -> None:
+        """Launch the replay of the chosen call; show its run, or what went wrong."""
+        if self.call.value is None:
+            self._error("open an episode and choose one of its calls")
+            return
+        policy = None if self.policy.value == RUN_MODEL else self.policy.value
+        self.button.disabled = True
+        try:
+            handle = self._launch(int(self.call.value), int(self.n.value or 0), policy)
+        except Exception as error:  # shown in the page: a request that cannot be replayed is no crash
+            expected = isinstance(error, ValueError | LookupError | PermissionError | OSError)
+            log.warning("replay of call %s refused: %s", self.call.value, error, exc_info=not expected)
+            self._error(f"{type(error).__name__}: {error}")
+            return
+        finally:
+            self.button.disabled = False
+        self.stop()
+        self.handle = handle
+        self.follow()
+        if self.status in ("created", "running"):
+            self._callback = pn.state.add_periodic_callback(self.follow, period=self.interval_ms)
+
+    @property
+    def status(self) -> str | None:
+        """The launched replay run's status when last read (None before a launch)."""
+        return self._status
+
+    def follow(self) -> None:
+        """Show the launched replay's run and its current status (stops following once it ended)."""
+        if self.handle is None:
+            return
+        try:
+            self._status = str(self.handle.status)
+        except Exception:  # a store being created: shown as it was
+            self._status = self._status or "created"
+        run_id = self.handle.run_dir.name
+        self.result.object = (
+            f'<div class="wb-replay-run" data-run="{_esc(run_id)}" data-status="{_esc(self._status)}">'
+            f'replay run <a href="?run={_esc(run_id)}" target="_blank">{_esc(run_id)}</a> · '
+            f"<b>{_esc(self._status)}</b></div>"
+        )
+        self.open_button.visible = self._open_run is not None
+        if self._status not in ("created", "running"):
+            self.stop()
+
+    def _error(self, message: str) -> None:
+        self.result.object = f'<div class="wb-replay-error" style="color:#b00020">{_esc(message)}</div>'
+        self.open_button.visible = False
+
+    def _open(self) -> None:
+        if self.handle is not None and self._open_run is not None:
+            self._open_run(self.handle.run_dir.name)
+
+    def stop(self) -> None:
+        if self._callback is not None:
+            self._callback.stop()
+            self._callback = None
+
+    close = stop
+
+    def __panel__(self) -> pn.viewable.Viewable:
+        return self._layout
+
+
 class TrajectoryBrowser(PeriodicRefresh, pn.viewable.Viewer):
     """Browse the stored episodes of one run: steps, a page of episodes, one episode's call tree."""
 
@@ -183,8 +324,15 @@ class TrajectoryBrowser(PeriodicRefresh, pn.viewable.Viewer):
     live = param.Boolean(default=False, doc="Refresh every interval_ms while displayed.")
     interval_ms = param.Integer(default=2000, bounds=(200, None), doc="How often a live browser refreshes.")
 
-    def __init__(self, run_dir: str | Path, page_size: int = q.PAGE_SIZE, **params: Any) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        page_size: int = q.PAGE_SIZE,
+        replay: ReplayForm | None = None,
+        **params: Any,
+    ) -> None:
         self.reader = RunReader(run_dir)
+        self.replay = replay
         self.page_size = int(page_size)
         self.steps = q.step_list(self.reader)
         self.roles = q.role_list(self.reader)
@@ -405,6 +553,21 @@ class TrajectoryBrowser(PeriodicRefresh, pn.viewable.Viewer):
         """Show the call tree of episode ``episode_id`` (any episode of the run, on the page or not)."""
         self.episode = int(episode_id)
 
+    def show_role(self, role: str, step: int | None = None) -> None:
+        """List only the episodes with a call of ``role`` (at ``step`` where given and stored) and open the
+        first of them, that role's calls expanded (no episode open where none has one)."""
+        if step is not None and int(step) in set(self.steps["step"]):
+            self._step_chosen = True
+            self.param.update(role=role, step=int(step))
+        else:
+            self.role = role
+        rows = self.current.rows
+        first = None if rows.empty else int(rows["id"].iloc[0])
+        if first is not None and first == self.episode:
+            self._show_episode()  # the same episode: opened again around the role's calls
+        else:
+            self.episode = first
+
     @param.depends("episode", watch=True)
     def _show_episode(self) -> None:
         self.calls = {}
@@ -418,33 +581,48 @@ class TrajectoryBrowser(PeriodicRefresh, pn.viewable.Viewer):
             f'<div data-episode="{int(self.episode)}" data-calls="{n_calls}"><b>episode {int(self.episode)}</b> · '
             f"{n_calls} calls</div>"
         )
-
-        def card(node: q.StoredCall, depth: int, expanded: bool) -> pn.Card:
-            tokens = pn.pane.HTML("", sizing_mode="stretch_width", css_classes=["wb-call-tokens"])
-            body = [pn.pane.HTML(call_fields_html(node), sizing_mode="stretch_width"), tokens]
-            body += [card(child, depth + 1, False) for child in node.children]
-            made = pn.Card(
-                *body,
-                header=pn.pane.HTML(call_title_html(node), sizing_mode="stretch_width"),
-                collapsed=not expanded,
-                css_classes=["wb-call", f"wb-depth-{depth}"],
-                sizing_mode="stretch_width",
-                margin=(4, 0, 4, 12 * depth),
-            )
-            self.calls[node.id] = _OpenCall(node, made, tokens)
-            made.param.watch(lambda e, call_id=node.id: self._expanded(call_id, e.new), "collapsed")
-            if expanded:
-                self._render_tokens(node.id)
-            return made
-
-        cards = [card(node, 0, i == 0) for i, node in enumerate(roots)]
+        cards = [self._card(node, 0, self._opens(node, i == 0)) for i, node in enumerate(roots)]
         if not cards:
             self._episode_header.object += '<div class="wb-empty">no calls stored for this episode</div>'
-        self._tree.objects = [self._episode_header, *cards]
+        form = []
+        if self.replay is not None and roots:
+            calls = [call for _, call in q.walk(roots)]
+            self.replay.set_calls(calls)
+            self.replay.select(next((c.id for c in calls if c.role == self.role), roots[0].id))
+            form = [self.replay]
+        self._tree.objects = [self._episode_header, *form, *cards]
+
+    def _opens(self, node: q.StoredCall, first: bool) -> bool:
+        """Whether a card opens expanded: with a role filter, on the way to that role's calls; else when it
+        is the first top-level call."""
+        if not self.role:
+            return first
+        return any(call.role == self.role for _, call in q.walk([node]))
+
+    def _card(self, node: q.StoredCall, depth: int, expanded: bool) -> pn.Card:
+        tokens = pn.pane.HTML("", sizing_mode="stretch_width", css_classes=["wb-call-tokens"])
+        body = [pn.pane.HTML(call_fields_html(node), sizing_mode="stretch_width"), tokens]
+        body += [self._card(child, depth + 1, self._opens(child, False)) for child in node.children]
+        matched = ["wb-role-match"] if self.role and node.role == self.role else []
+        made = pn.Card(
+            *body,
+            header=pn.pane.HTML(call_title_html(node), sizing_mode="stretch_width"),
+            collapsed=not expanded,
+            css_classes=["wb-call", f"wb-depth-{depth}", *matched],
+            sizing_mode="stretch_width",
+            margin=(4, 0, 4, 12 * depth),
+        )
+        self.calls[node.id] = _OpenCall(node, made, tokens)
+        made.param.watch(lambda e, call_id=node.id: self._expanded(call_id, e.new), "collapsed")
+        if expanded:
+            self._render_tokens(node.id)
+        return made
 
     def _expanded(self, call_id: int, collapsed: bool) -> None:
         if not collapsed:
             self._render_tokens(call_id)
+            if self.replay is not None:
+                self.replay.select(call_id)  # expanding a call picks it for a replay
 
     def _render_tokens(self, call_id: int, force: bool = False) -> None:
         """Fill a call card's token pane (read from the store the first time)."""
@@ -466,8 +644,10 @@ class TrajectoryBrowser(PeriodicRefresh, pn.viewable.Viewer):
         self.refresh()
 
     def close(self) -> None:
-        """Stop refreshing and close the store reader."""
+        """Stop refreshing (and following a launched replay) and close the store reader."""
         self.stop()
+        if self.replay is not None:
+            self.replay.close()
         self.reader.close()
 
     def __panel__(self) -> pn.viewable.Viewable:

@@ -1,4 +1,5 @@
-"""The team dashboard in a real headless Chromium: sign-in, roles, the runs list, live steps.
+"""The team dashboard in a real headless Chromium: sign-in, roles, the runs list, live steps, a call tree,
+the graph (a click on a node opens its role's calls) and an operator's replay of a call of a tiny-model run.
 
 ``workbench serve`` runs in a subprocess over a runs directory that this test process writes to, so
 "a run being written" is a real writer beside a real server.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -16,7 +18,7 @@ import pytest
 
 from tests.browser.conftest import Served, screenshot
 from widgets.access import add_user
-from workbench.store import RunStore
+from workbench.store import RunReader, RunStore
 
 OPERATOR, VIEWER = ("ops", "operator-password"), ("vic", "viewer-password")
 
@@ -97,6 +99,15 @@ def _raw_get(port: int, path: str, headers: dict | None = None) -> http.client.H
     return connection.getresponse()
 
 
+def _run_named(runs, name: str) -> str:
+    """The id of the run called ``name`` in ``runs``."""
+    for run_dir in runs.iterdir():
+        with RunReader(run_dir) as reader:
+            if reader.info()["name"] == name:
+                return run_dir.name
+    raise LookupError(name)
+
+
 def _cookie_header(page) -> str:
     return "; ".join(f"{c['name']}={c['value']}" for c in page.context.cookies())
 
@@ -120,6 +131,7 @@ def test_unauthenticated_requests_are_refused(site):
     assert status == 401 and "sign in" in body["error"]
     status, _ = _post(f"{served.url}/api/runs", body={"mode": "rollout"})
     assert status == 401
+    assert _post(f"{served.url}/api/runs/{store.run_id}/replay", body={"call_id": 1})[0] == 401
     forged = "wb_user=ops"  # an unsigned cookie naming an operator
     assert _post(f"{served.url}/api/runs/{store.run_id}/stop", cookie=forged)[0] == 401
 
@@ -141,6 +153,9 @@ def test_the_viewer_reads_but_cannot_launch_or_stop(site, page):
     assert status == 403 and "viewer" in body["error"]
     status, _ = _post(f"{served.url}/api/runs", cookie=cookie, body={"mode": "rollout", "model": "tiny"})
     assert status == 403
+    replay = f"{served.url}/api/runs/{_run_named(runs, 'calls run')}/replay"
+    status, body = _post(replay, cookie=cookie, body={"call_id": 1, "n": 2})
+    assert status == 403 and "viewer" in body["error"]
     assert not (runs / store.run_id / "STOP").exists()
     assert len(list(runs.iterdir())) == 2, "no run was launched (the live run and the calls run)"
 
@@ -173,6 +188,20 @@ def test_the_operator_can_stop_a_run_and_launches_need_json(site, page):
     assert status == 200 and body["stop"] == "requested"
     assert (runs / store.run_id / "STOP").exists()
     (runs / store.run_id / "STOP").unlink()
+    replay = f"{served.url}/api/runs/{_run_named(runs, 'calls run')}/replay"
+    refused = {
+        "no topology": ({"call_id": 2, "n": 2}, "records no topology"),  # a run written by hand
+        "unknown call": ({"call_id": 999, "n": 2}, "no call 999"),
+        "n too large": ({"call_id": 1, "n": 65}, "1 to 64"),
+        "not a number": ({"call_id": "1; drop", "n": 2}, "whole number"),
+        "unknown field": ({"call_id": 1, "n": 2, "arms": ["x"]}, "call_id"),
+        "unknown policy": ({"call_id": 1, "n": 2, "policy": "step:3"}, "not a checkpoint"),
+    }
+    for case, (body, message) in refused.items():
+        status, answer = _post(replay, cookie=cookie, body=body)
+        assert status == 400 and message in answer["error"], (case, status, answer)
+    assert _post(f"{served.url}/api/runs/no-such-run/replay", cookie=cookie, body={"call_id": 1})[0] == 404
+    assert len(list(runs.iterdir())) == 2, "no replay run was made"
 
 
 def test_a_call_tree_expands_with_its_token_colouring(site, page):
@@ -190,6 +219,7 @@ def test_a_call_tree_expands_with_its_token_colouring(site, page):
     child.locator(".card-header").first.click()
     child.locator(".tok").first.wait_for(state="visible", timeout=10_000)
     assert [child.locator(".tok").nth(i).get_attribute("data-owner") for i in range(2)] == ["1", "0"]
+    assert page.locator(".wb-replay").count() == 0, "no replay form on a viewer's page"
     screenshot(page, "dashboard-call-tree")
 
 
@@ -207,6 +237,11 @@ def test_a_runs_graph_tab_colours_its_topology_by_the_last_step(site, page):
         is None
     )
     screenshot(page, "dashboard-graph")
+    from playwright.sync_api import expect
+
+    solve.click()  # opens the Trajectories tab on the Solver's calls
+    page.locator(".bk-tab.bk-active", has_text="Trajectories").wait_for(timeout=20_000)
+    expect(page.locator(".wb-filter-role select")).to_have_value("solver", timeout=20_000)
 
 
 def test_the_editor_loads_marsrl_and_a_canvas_edit_reaches_the_yaml(site, page):
@@ -240,6 +275,41 @@ def test_a_link_to_a_run_survives_the_sign_in_and_logout_ends_the_session(site, 
     assert "/login" in page.url
     page_request = _raw_get(served.port, "/", {"Cookie": cookie})
     assert page_request.status == 302, "the cookie from before the logout opens nothing"
+
+
+def test_an_operator_replays_a_call_of_a_tiny_model_run_and_opens_the_replay(site, page):
+    from playwright.sync_api import expect
+
+    import workbench as wb
+
+    served, _, runs = site
+    tasks = wb.generate_tasks("arithmetic", n=1, seed=1, level=1)
+    source = wb.rollout("debate", tasks, model="tiny", max_tokens=4, runs_dir=runs, background=True)
+    _sign_in(page, served.url, OPERATOR)
+    assert source.wait(120) == "finished"
+    page.get_by_text(source.run_dir.name).first.click()
+    page.get_by_text("Trajectories").first.click()
+    page.locator(".wb-episodes .slick-row").first.click()
+    page.locator(".wb-call").nth(4).locator(".card-header").first.click()  # the judge: picked for a replay
+    expect(page.locator(".wb-replay-call select")).to_have_value(re.compile("judge"), timeout=20_000)
+    n = page.locator(".wb-replay-n input")
+    n.fill("2")
+    n.press("Enter")
+    page.locator(".wb-replay-button button").click()
+    launched = page.locator(".wb-replay-run").first
+    launched.wait_for(timeout=20_000)
+    replay_id = launched.get_attribute("data-run")
+    page.locator('.wb-replay-run[data-status="finished"]').wait_for(timeout=120_000)
+    with RunReader(runs / replay_id) as reader:
+        config = reader.config
+        assert config["kind"] == "replay" and config["n"] == 2
+        assert config["source"]["run_id"] == source.run_dir.name and config["source"]["role"] == "judge"
+        assert list(reader.steps()["episodes"]) == [2, 2], "the keep and resample arms"
+    page.locator(".wb-runs").get_by_text(replay_id).first.wait_for(timeout=10_000)  # in the runs table
+    page.locator(".wb-replay-open button").click()
+    page.locator(".wb-run-view h3", has_text=replay_id).wait_for(timeout=20_000)
+    page.locator(".bk-tab.bk-active", has_text="Curves").wait_for(timeout=20_000)  # the replay run's view
+    screenshot(page, "dashboard-replay")
 
 
 def test_failed_logins_are_throttled(site, browser):

@@ -1,11 +1,12 @@
 """The widgets in a real JupyterLab: a notebook run in the browser renders them, and they answer clicks and data.
 
-A JupyterLab server starts in a subprocess over a temporary directory holding a run and a notebook that
-shows the RewardMonitor of that run, an ipywidgets slider and a Panel button wired to a Python callback.
-Chromium opens the notebook and runs every cell through JupyterLab's own command; the test then checks
-what the browser shows: the monitor's plots and current step, the slider, and the button's round trip
-through the kernel (the pane's text changes after a click). Then it writes a new step to the run and the
-monitor in the page shows it.
+A JupyterLab server starts in a subprocess over a temporary directory holding a run (of the marsrl topology,
+two steps) and a notebook that shows the RewardMonitor of that run, an ipywidgets slider, a Panel button
+wired to a Python callback and the run's RunGraph. Chromium opens the notebook and runs every cell through
+JupyterLab's own command; the test then checks what the browser shows: the monitor's plots and current
+step, the slider, the button's round trip through the kernel (the pane's text changes after a click), the
+graph's nodes filled by the Solver's reward with the number on hover, and the fill following the graph's
+step slider. Then it writes a new step to the run and the monitor in the page shows it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 
 from tests.browser.conftest import free_port, screenshot, wait_until_up
 from workbench.store import RunStore
+from workbench.topology.diagram import COLORS, Signals
 
 CELLS = [
     "import panel as pn\nimport ipywidgets as w\nimport widgets\nwidgets.extension()\n"
@@ -32,7 +34,14 @@ CELLS = [
     "    shown.object = f'<span class=\"nb-text\">clicks {button.clicks}</span>'\n"
     "button.on_click(count)\npn.Row(button, shown)",
     "RunLauncher(RUNS_DIR, mode='rollout', model='tiny')",
+    "from widgets.run_graph import RunGraph\npn.Column(RunGraph(RUN_DIR), css_classes=['nb-graph'])",
 ]
+SOLVE = ".nb-graph svg.topology-diagram g.node[data-name='solve']"
+
+
+def _fill(solver_reward: float) -> str:
+    """The Solver's node fill for its reward, as the diagram computes it."""
+    return Signals("", {"solver": {"reward/mean": solver_reward}}, "reward/mean").fill("solver")
 
 
 def _step(store: RunStore, index: int) -> None:
@@ -43,8 +52,9 @@ def _step(store: RunStore, index: int) -> None:
 @pytest.fixture
 def lab(tmp_path):
     runs = tmp_path / "runs"
-    store = RunStore.create(runs, config={"kind": "train"}, name="notebook run")
+    store = RunStore.create(runs, config={"kind": "train", "topology": "marsrl"}, name="notebook run")
     _step(store, 0)
+    _step(store, 1)
     notebook = nbformat.v4.new_notebook()
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     setup = f"RUNS_DIR = {str(runs)!r}\nRUN_DIR = {str(store.run_dir)!r}"
@@ -103,7 +113,7 @@ def test_widgets_render_and_respond_in_jupyterlab(lab, page):
         except Exception:  # noqa: BLE001 - playwright's TimeoutError: not started yet
             continue
     # the RewardMonitor rendered its plots and the run's step
-    page.wait_for_selector('.wb-step[data-step="0"]', timeout=30_000)
+    page.wait_for_selector('.wb-step[data-step="1"]', timeout=30_000)
     assert page.locator(".wb-monitor-plot").count() >= 4
     # the ipywidgets slider rendered
     page.wait_for_selector(".widget-slider", timeout=60_000)
@@ -116,9 +126,19 @@ def test_widgets_render_and_respond_in_jupyterlab(lab, page):
     assert page.locator(".nb-text").first.inner_text() == "clicks 1"
     # the launcher form rendered with its buttons
     assert page.locator(".wb-launch button").count() == 1
+    # the run's graph: the Solver's node filled by its reward at the last step, the number on hover
+    page.wait_for_selector(SOLVE, timeout=60_000)
+    assert page.locator(f"{SOLVE} rect").get_attribute("fill") == _fill(0.1) != COLORS["call"][0]
+    assert "reward/mean: 0.1" in page.locator(f"{SOLVE} title").text_content()
+    # the graph's step slider back to step 0 redraws it with that step's reward
+    handle = page.locator(".nb-graph .noUi-handle").first
+    handle.focus()
+    handle.press("Home")
+    page.wait_for_selector(f"{SOLVE}[data-value='0.0']", timeout=30_000)
+    assert page.locator(f"{SOLVE} rect").get_attribute("fill") == _fill(0.0) != _fill(0.1)
     # a step written now appears in the live monitor
-    _step(store, 1)
-    page.wait_for_selector('.wb-step[data-step="1"]', timeout=30_000)
+    _step(store, 2)
+    page.wait_for_selector('.wb-step[data-step="2"]', timeout=30_000)
     screenshot(page, "jupyterlab-widgets")
     # widgets.extension() loads every script from the Jupyter server, none from a CDN (Panel still links a
     # few stylesheets there); the notebook's loader names the server's copies

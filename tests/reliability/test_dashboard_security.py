@@ -224,6 +224,7 @@ def test_before_sign_in_only_the_login_page_answers(dashboard):
         "/components/panel_reactflow.base/ReactFlow/_stylesheets/dist/css/reactflow.css",
         "/ws",
         "/api/runs",
+        "/api/runs/x/replay",
         "/no-such-page",
     ):
         for method in ("GET", "POST"):
@@ -401,6 +402,11 @@ def test_large_bodies_are_refused_before_they_are_read(dashboard):
             {**json_type, "Cookie": viewer},
             (413,),
         ),
+        "POST /api/runs/<id>/replay as a viewer": (
+            f"/api/runs/{dashboard.run_id}/replay",
+            {**json_type, "Cookie": viewer},
+            (413,),
+        ),
         "POST / as a viewer": ("/", {**form_type, "Cookie": viewer}, (400, 405, 413)),
     }
     for what, (path, headers, expected) in cases.items():
@@ -531,10 +537,11 @@ def test_tampered_foreign_expired_and_replayed_cookies_are_refused(dashboard):
 def test_a_viewer_cannot_reach_an_operator_action_with_hand_crafted_requests(dashboard):
     viewer = dashboard.cookie(VIEWER)
     before = sorted(p.name for p in dashboard.runs.iterdir())
-    stop = f"/api/runs/{dashboard.run_id}/stop"
+    stop, replay = f"/api/runs/{dashboard.run_id}/stop", f"/api/runs/{dashboard.run_id}/replay"
     launch = {"mode": "train", "model": "tiny", "topology": "marsrl", "steps": 1, "batch_size": 1}
     assert dashboard.post_json("/api/runs", viewer, launch) == 403
     assert dashboard.post_json(stop, viewer) == 403
+    assert dashboard.post_json(replay, viewer, {"call_id": 1, "n": 2}) == 403
     tricks = {
         "charset in the content type": {"Content-Type": "application/json; charset=utf-8"},
         "method override": {"X-HTTP-Method-Override": "POST"},
@@ -547,7 +554,8 @@ def test_a_viewer_cannot_reach_an_operator_action_with_hand_crafted_requests(das
     for what, headers in tricks.items():
         cookie = headers.get("Cookie", viewer)
         others = {k: v for k, v in headers.items() if k != "Cookie"}
-        for path, body in ((stop, {}), ("/api/runs", launch), (f"{stop}?user=ops&role=operator", {})):
+        for path, body in ((stop, {}), ("/api/runs", launch), (f"{stop}?user=ops&role=operator", {}),
+                           (replay, {"call_id": 1, "n": 2})):  # fmt: skip
             status = dashboard.post_json(path, cookie, body, **others)
             assert status in (401, 403), f"{what}: POST {path} answered {status}"
     for method in ("GET", "PUT", "PATCH", "DELETE"):

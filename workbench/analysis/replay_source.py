@@ -123,6 +123,8 @@ def run_topology(run_dir: Path, config: dict[str, Any]) -> Topology:
     from workbench.rl.run_files import TOPOLOGY_FILE
 
     spec = config.get("topology")
+    if not spec and not (run_dir / TOPOLOGY_FILE).exists():
+        raise ValueError(f"the run in {run_dir} records no topology: its calls cannot be replayed or drawn")
     if isinstance(spec, dict):
         topology = from_dict(spec)
     elif (run_dir / TOPOLOGY_FILE).exists():
