@@ -4,7 +4,8 @@ The topology is the library's ``marsrl_cpu``: MarsRL's Solver and Verifier with 
 (Solver: its answer; Verifier: its verdict against the true correctness of the solution it judged), one
 verification round, grouped rollouts (the Verifier judges each of the Solver's G solutions G times), one
 shared model. Single-digit addition asked for "just the number" (where the base model is partly right,
-per DESIGN.md). One run of 25 steps serves both tests.
+per DESIGN.md). One run of 25 steps serves the three tests (the third replays the run's first states with the
+base model and the trained checkpoint: ``wb.replay_calls``).
 
 The Solver is scored greedily on 64 held-out problems before the first update and after the last.
 
@@ -149,3 +150,24 @@ def test_marsrl_verifier_improves_on_a_balanced_judging_set(trained_run, tmp_pat
     _assert_rises(before, after, len(tasks), what)
     beats_guessing = (after - 0.5) / math.sqrt(0.25 / len(tasks))
     assert beats_guessing > 2.0, f"{what}: {after:.3f} beats guessing (0.5) by {beats_guessing:.1f} SE only"
+
+
+@pytest.mark.slow
+def test_replays_of_the_runs_first_states_score_the_trained_checkpoint_above_the_base_model(trained_run):
+    """Counterfactual replay on the trained run (issue 27): from 2 of its first step's Solver calls, 32
+    continuations each (the Solver's answer, the check and the verdict sampled again) with the base model and
+    then the run's last checkpoint playing. Each role's expected reward must rise by more than two standard
+    errors, as the held-out scores above do."""
+    run_dir, _ = trained_run
+    with wb.RunReader(run_dir) as reader:
+        ids = [int(i) for i in reader.calls(step=0, role="solver", columns=["role"])["id"].head(2)]
+        checkpoint = int(reader.checkpoints()["step"].max())
+    base = wb.replay_calls(run_dir, calls=ids, n=32, arms=["resample"], seed=5)
+    trained = wb.replay_calls(
+        run_dir, calls=ids, n=32, arms=["resample"], policies={"base": f"step:{checkpoint}"}, seed=5
+    )
+    for role in ("solver", "verifier1"):
+        before, after = base.pooled()[f"role/{role}"], trained.pooled()[f"role/{role}"]
+        rise = after.minus(before)
+        print(f"replayed {role}: {before.mean:.3f} -> {after.mean:.3f} ({rise.mean / rise.stderr:.1f} SE)")
+        assert before.n == after.n == 64 and rise.mean > 2 * rise.stderr, f"{role}: {before} -> {after}"
