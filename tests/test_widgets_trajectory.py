@@ -221,7 +221,7 @@ def test_a_real_rollout_browses_with_decoded_tokens(tmp_path):
 
 def test_show_role_opens_that_roles_calls_and_the_replay_form_says_what_cannot_be_replayed(run):
     from widgets.operator_api import start_replay
-    from widgets.trajectory_browser import ReplayForm
+    from widgets.replay_form import ReplayForm
 
     run_dir, reader = run
     form = ReplayForm(lambda call, n, policy: start_replay(run_dir, call, n, policy))

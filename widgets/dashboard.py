@@ -206,7 +206,8 @@ class Dashboard(pn.viewable.Viewer):
         self._trajectory_browser().show_role(role, step)
 
     def _make_browser(self, run_dir: Path) -> Any:
-        from widgets.trajectory_browser import ReplayForm, TrajectoryBrowser
+        from widgets.replay_form import ReplayForm
+        from widgets.trajectory_browser import TrajectoryBrowser
 
         replay = None
         if self.operator:  # a viewer's page holds no replay form (and the server refuses its requests)
