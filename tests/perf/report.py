@@ -296,7 +296,8 @@ def render_schedulers(r: dict) -> str:
 
 def render_replay(r: dict) -> str:
     return (
-        f"**Replay cost** ({r['mode']} mode, {r['topology']} on {r['model']}, {r['when']}): "
+        f"**Replay cost** ({r['mode']} mode, {r['topology']} on {r['model']}, {r.get('backend', 'hf')} backend, "
+        f"{r['when']}): "
         f"{r['continuations']} continuations of one stored episode from the call whose prefix holds "
         f"{r['prefix_share']:.0%} of its completion tokens (`wb.replay`, the prefix answered from the store), "
         f"against {r['continuations']} fresh episodes of its task (`wb.rollout`), <= {r['max_tokens']} tokens a "
@@ -317,6 +318,7 @@ RENDERERS = {
     "dashboard_load": render_dashboard_load,
     "schedulers": render_schedulers,
     "replay": render_replay,
+    "replay_vllm": render_replay,
 }
 
 

@@ -166,9 +166,10 @@ def _dashboard_load(r: dict) -> list[dict]:
 
 
 def _replay(r: dict) -> list[dict]:
+    on = " (vLLM)" if r.get("backend") == "vllm" else ""
     return [
         headline(
-            "replay vs fresh episodes",
+            f"replay vs fresh episodes{on}",
             r["ratio"],
             f"wb.replay time / wb.rollout time for {r['continuations']} continuations of one episode, the "
             f"prefix {r['prefix_share']:.0%} of its tokens (goal <= 0.6)",
@@ -239,6 +240,9 @@ BENCHMARKS: dict[str, Benchmark] = {
         "bench_dashboard_load", "dashboard viewers during a training run", _dashboard_load, quick_timeout=300
     ),
     "replay": Benchmark("bench_replay", "counterfactual replay against fresh episodes", _replay),
+    "replay_vllm": Benchmark(
+        "bench_replay", "counterfactual replay against fresh episodes on vLLM", _replay, needs=("vllm",)
+    ),
     "backends": Benchmark("bench_backends", "vLLM against transformers", _backends, needs=("vllm",)),
 }
 """The suite, in the order it runs. A name ``<benchmark>@<variant>`` (a profile's variant) reads as ``<benchmark>``."""
