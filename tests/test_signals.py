@@ -36,13 +36,15 @@ def _marsrl_run(tmp_path, linked: bool):
                 )
         step.log_metrics({"reward/mean": 0.5, "accuracy": 0.5}, role="solver")
         step.log_metrics({"reward/mean": 0.25, "format/rate": 1.0}, role="verifier1")
+    with store.step(1) as step:  # as a training run ends: the final held-out evaluation, no episodes
+        step.log_metrics({"eval/solver/reward": 0.75})
     store.close()
     return store.run_dir
 
 
 @pytest.mark.parametrize("linked", [False, True], ids=["linear", "previous-links"])
 def test_edges_count_the_branches_taken_and_the_answers_fixed_and_broken(tmp_path, linked):
-    signals = graph_signals(_marsrl_run(tmp_path, linked))
+    signals = graph_signals(_marsrl_run(tmp_path, linked))  # the last step with episodes, not the evaluation's
     assert signals.colour_by == "reward/mean" and "step 0" in signals.title
     assert signals.roles["solver"] == {"reward/mean": 0.5, "accuracy": 0.5}
     assert signals.roles["verifier1"] == {"reward/mean": 0.25, "format/rate": 1.0}

@@ -276,43 +276,78 @@ class Players:
 def replay_into(plan: ReplayPlan, replay_dir: Path, players: Players) -> ReplayResult:
     """Do ``plan`` in its run ``replay_dir`` (made by ``create_runs``) with ``players``; a failure is
     recorded as the run's end and raised."""
+    (result,) = replay_all([plan], [replay_dir], players)
+    return result
+
+
+def replay_all(
+    plans: Sequence[ReplayPlan], replay_dirs: Sequence[Path], players: Players
+) -> list[ReplayResult]:
+    """Do every plan in its run at once (the backend batches their continuations together), with ``players``.
+    Each replay is stored, or its failure recorded as its run's end, before the first failure is raised."""
     from workbench.rl.run_end import record_end
     from workbench.store import RunStore
 
-    source, topology, served = plan.source, plan.topology, players.served
-    store = RunStore.open(replay_dir)
+    stores = [RunStore.open(d) for d in replay_dirs]
+    out: list[ReplayResult] = []
+    failures: list[BaseException] = []
     try:
-        store.set_status("running")
+        for store in stores:
+            store.set_status("running")
         started = time.perf_counter()
 
-        def engine(arm: str, j: int) -> Rollout:
-            return Rollout(
-                topology,
-                served,
-                max_tokens=plan.max_tokens,
-                judge=players.judge,
-                seed=_replica_seed(plan.seed, j),
-                forcing=Forcing(
-                    source.calls,
-                    source.position,
-                    keep=arm == "keep",
-                    replacement=plan.replacement if arm == "replace" else None,
-                    tokenizers={name: b.tokenizer for name, b in served.items()},
-                ),
-            )
+        async def every_plan() -> list[Any]:
+            runs = (_roll_out(p.source, p.arms, p.n, _engines(p, players)) for p in plans)
+            return await asyncio.gather(*runs, return_exceptions=True)
 
-        results = dict(
-            zip(plan.arms, run_sync(lambda: _roll_out(source, plan.arms, plan.n, engine)), strict=True)
-        )
-        _raise_divergence(results)
+        done = run_sync(every_plan)
         seconds = time.perf_counter() - started
-        _store(store, source, results)
+        for plan, store, rolled in zip(plans, stores, done, strict=True):
+            try:
+                if isinstance(rolled, BaseException):
+                    raise rolled
+                results = dict(zip(plan.arms, rolled, strict=True))
+                _raise_divergence(results)
+                _store(store, plan.source, results)
+                out.append(ReplayResult(store.run_dir, plan.source, results, _estimate(plan.source, results),
+                                        seconds))  # fmt: skip
+            except Exception as error:  # noqa: BLE001 - recorded in its run; the others are still stored
+                record_end(store, error, "failed")
+                failures.append(error)
     except BaseException as error:
-        record_end(store, error, "failed")
+        for store in stores:
+            if store.status == "running":
+                record_end(store, error, "stopped" if isinstance(error, KeyboardInterrupt) else "failed")
         raise
     finally:
-        store.close()
-    return ReplayResult(store.run_dir, source, results, _estimate(source, results), seconds)
+        for store in stores:
+            store.close()
+    if failures:
+        raise failures[0]
+    return out
+
+
+def _engines(plan: ReplayPlan, players: Players) -> Callable[[str, int], Rollout]:
+    """The engine of continuation ``j`` of an arm: the plan's prefix forced, the rest sampled by ``players``."""
+    source, served = plan.source, players.served
+
+    def engine(arm: str, j: int) -> Rollout:
+        return Rollout(
+            plan.topology,
+            served,
+            max_tokens=plan.max_tokens,
+            judge=players.judge,
+            seed=_replica_seed(plan.seed, j),
+            forcing=Forcing(
+                source.calls,
+                source.position,
+                keep=arm == "keep",
+                replacement=plan.replacement if arm == "replace" else None,
+                tokenizers={name: b.tokenizer for name, b in served.items()},
+            ),
+        )
+
+    return engine
 
 
 def replay_here(run_dir: str | Path) -> None:

@@ -25,10 +25,11 @@ from workbench.analysis.replay import (
     ReplayResult,
     create_runs,
     plan_replay,
+    replay_all,
     replay_here,
-    replay_into,
 )
 from workbench.analysis.replay_runs import estimates
+from workbench.analysis.signals import complete_steps
 from workbench.store import RunReader
 
 
@@ -80,8 +81,8 @@ def replay_calls(
     **options: Any,
 ) -> ReplayBatch | Any:
     """Replay each of ``calls`` (default: the top-level calls of ``role``, or of every role, at ``step``,
-    default the run's last complete step with episodes; ``sample`` picks that many of them at random, seeded) ``n``
-    times per arm. ``options`` are ``wb.replay``'s (arms, policies, backend, sampling, seed, ...).
+    default the run's last complete step; ``sample`` picks that many of them at random, seeded) ``n`` times
+    per arm. ``options`` are ``wb.replay``'s (arms, policies, backend, sampling, seed, ...).
 
     ``background=True`` returns a handle at once (``BackgroundReplays``) and replays in a spawned process.
     """
@@ -98,24 +99,22 @@ def replay_calls(
         handle = launch(made[0], replay_here)
         return BackgroundReplays(made, handle.process)
     made = create_runs(plans, runs_dir)
-    with Players(plans[0]) as players:
-        return ReplayBatch([replay_into(p, d, players) for p, d in zip(plans, made, strict=True)])
+    with Players(plans[0]) as players:  # every call's continuations at once: the backend batches them
+        return ReplayBatch(replay_all(plans, made, players))
 
 
 def choose_calls(
     run_dir: str | Path, role: str | None, step: int | None, sample: int | None, seed: int | None = None
 ) -> list[int]:
     """The ids of the top-level calls of ``role`` (every role if None) at ``step`` (default: the last
-    complete step with episodes), ``sample`` of them at random (seeded by ``seed``) if given."""
+    complete step, ``workbench.analysis.signals.complete_steps``), ``sample`` of them at random (seeded by
+    ``seed``) if given."""
     with RunReader(run_dir) as reader:
-        if step is None:  # the last step with episodes (a training run's last step may hold evaluations only)
-            steps = reader.steps(complete_only=True)
-            with_episodes = steps[steps["episodes"] > 0]["step"]
-            if with_episodes.empty:
-                raise ValueError(
-                    f"the run in {run_dir} has no complete step with episodes to replay calls from"
-                )
-            step = int(with_episodes.max())
+        if step is None:
+            steps = complete_steps(reader)
+            if not steps:
+                raise ValueError(f"the run in {run_dir} has no complete step to replay calls from")
+            step = steps[-1]
         calls = reader.calls(step=step, columns=["role", "parent_id"])
     top = calls[calls["parent_id"].isna()]
     chosen = top if role is None else top[top["role"] == role]

@@ -42,7 +42,7 @@ def graph_signals(
     topology: Topology | None = None,
     advantages: dict[str, float] | None = None,
 ) -> Signals:
-    """The signals of the run in ``run_dir`` at ``step`` (default: its last complete step), its nodes
+    """The signals of the run in ``run_dir`` at ``step`` (default: its last complete step with something to draw), its nodes
     coloured by ``colour_by`` (a role measure, e.g. ``accuracy`` or ``replay/advantage``). ``topology`` and
     ``advantages`` (``replay_advantages``), where given, are not read again (they do not change by step)."""
     with RunReader(run_dir) as reader:
@@ -79,8 +79,13 @@ def topology_diagram(run_dir: str | Path, step: int | None = None, colour_by: st
 
 
 def complete_steps(reader: RunReader) -> list[int]:
-    """The run's complete steps, in order."""
-    return reader.sql("SELECT step FROM steps WHERE status = 'complete' ORDER BY step")["step"].tolist()
+    """The run's complete steps with something to draw (episodes, or per-role metrics), in order: a training
+    run's last step may hold only its final held-out evaluation."""
+    return reader.sql(
+        "SELECT step FROM steps s WHERE status = 'complete' AND (EXISTS (SELECT 1 FROM episodes e WHERE "
+        "e.step = s.step) OR EXISTS (SELECT 1 FROM metrics m WHERE m.step = s.step AND m.role IS NOT NULL)) "
+        "ORDER BY step"
+    )["step"].tolist()
 
 
 def run_topology_of(run_dir: str | Path) -> Topology:
