@@ -44,7 +44,7 @@ def _marsrl_run(tmp_path, linked: bool):
 
 @pytest.mark.parametrize("linked", [False, True], ids=["linear", "previous-links"])
 def test_edges_count_the_branches_taken_and_the_answers_fixed_and_broken(tmp_path, linked):
-    signals = graph_signals(_marsrl_run(tmp_path, linked))  # the last step with episodes, not the evaluation's
+    signals = graph_signals(_marsrl_run(tmp_path, linked))  # step 0, not the evaluation-only step 1
     assert signals.colour_by == "reward/mean" and "step 0" in signals.title
     assert signals.roles["solver"] == {"reward/mean": 0.5, "accuracy": 0.5}
     assert signals.roles["verifier1"] == {"reward/mean": 0.25, "format/rate": 1.0}
