@@ -25,7 +25,6 @@ from typing import Any
 from widgets.gate import JSON_BODY_BYTES, SmallBodyHandler
 from widgets.sessions import Sessions
 from workbench.store.errors import StoreError
-from workbench.store.layout import CHECKPOINTS_NAME
 
 log = logging.getLogger("workbench.dashboard")
 #: The most continuations (per arm) an operator's replay may ask for.
@@ -36,11 +35,9 @@ REPLAY_ERRORS = (ValueError, TypeError, LookupError, OverflowError, OSError, Sto
 
 def checkpoint_steps(run_dir: Path) -> list[str]:
     """``step:K`` for each checkpoint the run kept (what may play a replayed call's policy), oldest first."""
-    if not (Path(run_dir) / CHECKPOINTS_NAME).is_dir():  # no torch import for a run without checkpoints
-        return []
-    from workbench.rl import checkpoint
+    from workbench.analysis.replay_policies import kept_steps
 
-    return [f"step:{int(path.name.split('-')[1])}" for path in checkpoint.complete(Path(run_dir))]
+    return [f"step:{step}" for step in kept_steps(run_dir)]
 
 
 def _whole_number(value: Any, name: str) -> int:

@@ -121,10 +121,13 @@ class ReplayPlan:
             "topology": to_dict(self.topology),
         }
 
-    def by_name(self) -> bool:
-        """Whether everything that plays or judges is named (a background process can start it)."""
+    def check_named(self) -> None:
+        """Refuse a plan whose players or judge are objects: a background process starts them by name."""
         named = all(isinstance(spec, str | Checkpoint) for spec in self.policies.values())
-        return named and isinstance(self.backend, str) and (self.judge is None or isinstance(self.judge, str))
+        if not (
+            named and isinstance(self.backend, str) and (self.judge is None or isinstance(self.judge, str))
+        ):
+            raise ValueError("a background replay takes its policies, backend and judge by name (or step:K)")
 
 
 def replay(
@@ -164,13 +167,12 @@ def replay(
                     seed=seed, max_tokens=max_tokens, judge=judge, device=device, dtype=dtype)  # fmt: skip
     plan = plan_replay(run_dir, call_id, n, tasks, **settings)
     if background:
+        plan.check_named()
+    (replay_dir,) = create_runs([plan], runs_dir, run_id)
+    if background:
         from workbench.training import launch
 
-        if not plan.by_name():
-            raise ValueError("a background replay takes its policies, backend and judge by name (or step:K)")
-        (replay_dir,) = create_runs([plan], runs_dir, run_id)
         return launch(replay_dir, replay_here)
-    (replay_dir,) = create_runs([plan], runs_dir, run_id)
     with Players(plan) as players:
         return replay_into(plan, replay_dir, players)
 
@@ -217,7 +219,7 @@ def create_runs(
     plans: Sequence[ReplayPlan], runs_dir: str | Path | None = None, run_id: str | None = None
 ) -> list[Path]:
     """A new run (status ``created``) for each plan, beside its source run unless ``runs_dir`` says where;
-    several plans are one batch: the first run's config lists them all, in order (``replay_here``)."""
+    several plans are one batch: an event of the first run lists them all, in order (``replay_here``)."""
     from workbench.store import RunStore
     from workbench.tasks import save_jsonl
     from workbench.training import TASKS_FILE, storage_errors

@@ -91,14 +91,12 @@ def replay_calls(
         raise ValueError(f"no calls to replay in {run_dir}")
     plans = [plan_replay(run_dir, call_id, n, **options) for call_id in ids]
     if background:
+        plans[0].check_named()
+    made = create_runs(plans, runs_dir)
+    if background:
         from workbench.training import launch
 
-        if not plans[0].by_name():
-            raise ValueError("a background replay takes its policies, backend and judge by name (or step:K)")
-        made = create_runs(plans, runs_dir)
-        handle = launch(made[0], replay_here)
-        return BackgroundReplays(made, handle.process)
-    made = create_runs(plans, runs_dir)
+        return BackgroundReplays(made, launch(made[0], replay_here).process)
     with Players(plans[0]) as players:  # every call's continuations at once: the backend batches them
         return ReplayBatch(replay_all(plans, made, players))
 

@@ -79,18 +79,23 @@ def check_policies(topology: Any, source: Any, policies: dict[str, PolicySpec]) 
             _checkpoint_dir(spec)
 
 
-def _checkpoint_dir(spec: Checkpoint) -> Path:
+def kept_steps(run_dir: str | Path) -> list[int]:
+    """The steps whose checkpoints the training run in ``run_dir`` kept, oldest first."""
+    if not (Path(run_dir) / "checkpoints").is_dir():  # no torch import for a run without checkpoints
+        return []
     from workbench.rl import checkpoint
 
+    return [int(p.name.split("-")[1]) for p in checkpoint.complete(Path(run_dir))]
+
+
+def _checkpoint_dir(spec: Checkpoint) -> Path:
     run_dir = Path(spec.run_dir)
-    path = run_dir / "checkpoints" / f"step-{spec.step:06d}"
-    complete = checkpoint.complete(run_dir)
-    if path not in complete:
-        kept = [int(p.name.split("-")[1]) for p in complete]
+    kept = kept_steps(run_dir)
+    if spec.step not in kept:
         raise FileNotFoundError(
             f"{run_dir.name} kept no checkpoint of step {spec.step}; it kept steps {kept or 'none'}"
         )
-    return path
+    return run_dir / "checkpoints" / f"step-{spec.step:06d}"
 
 
 def _checkpoint_of(spec: PolicySpec, source: Any, policy: str) -> PolicySpec:
