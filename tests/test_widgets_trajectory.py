@@ -274,3 +274,51 @@ def test_a_run_graph_follows_new_steps_and_reports_clicks_on_its_roles(tmp_path)
     graph.diagram.param.update(clicked="solver", clicks=3)  # the same node again
     assert clicked == ["solver", "solver"] and graph.role == "solver"
     store.close()
+
+
+def test_a_form_follows_one_replay_at_a_time_and_the_server_runs_at_most_max_active_replays(
+    run, tmp_path, monkeypatch
+):
+    import multiprocessing
+    import time
+
+    from widgets import operator_api
+    from widgets.replay_form import ReplayForm
+    from workbench.training import BackgroundRun
+
+    run_dir, _ = run
+    replay_run = RunStore.create(tmp_path, config={"kind": "replay"}, name="a replay")  # status "created"
+    launched: list[int] = []
+
+    def launch(call_id: int, n: int, policy: str | None) -> BackgroundRun:
+        launched.append(call_id)
+        return BackgroundRun(replay_run.run_dir)
+
+    form = ReplayForm(launch, interval_ms=60_000)
+    form.call.options, form.call.value = {"call 1": 1}, 1
+    form.submit()
+    assert launched == [1] and form.status == "created" and form.button.disabled
+    form.submit()  # a double click: the second click reaches the server before the button is disabled
+    assert launched == [1], "one replay per form while it is active"
+    replay_run.set_status("finished")
+    form.follow()
+    assert form.status == "finished" and not form.button.disabled
+    form.submit()
+    assert launched == [1, 1], "a new replay once the last one ended"
+    form.close()
+    replay_run.close()
+
+    # the server's cap counts the replays it started whose process still runs, whoever asked for them
+    monkeypatch.setattr(operator_api, "MAX_ACTIVE_REPLAYS", 1)
+    busy = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,))
+    busy.start()
+    try:
+        monkeypatch.setattr(operator_api, "_started", [BackgroundRun(tmp_path / "running-replay", busy)])
+        with pytest.raises(operator_api.TooManyReplays, match="running-replay.*at most 1 at once"):
+            operator_api.start_replay(run_dir, 1, 2)
+    finally:
+        busy.terminate()
+        busy.join(10)
+    with pytest.raises(ValueError, match="no call 999"):  # past the cap: the request's own checks run
+        operator_api.start_replay(run_dir, 999, 2)
+    assert operator_api.active_replays() == []

@@ -6,21 +6,26 @@
 of the run's calls, stored as a new run in the same runs directory, and answers its id. All
 look the session of the signed cookie up on the server (``widgets.sessions``) and answer 401 without a
 live one and 403 for a viewer, whatever the request says; a malformed request, or a call that cannot
-be replayed, gets 400 saying what is wrong. Bodies must be ``application/json``, which a cross-site
+be replayed, gets 400 saying what is wrong, and a replay past ``MAX_ACTIVE_REPLAYS`` running ones gets 429. Bodies must be ``application/json``, which a cross-site
 form cannot send (no CSRF through a signed-in browser), and at most ``JSON_BODY_BYTES`` long: a longer
 one gets 413 before it is read. Without a users file (a dashboard bound to localhost only) the local
 user is the operator.
 
 ``start_replay`` (the checks and the launch) is shared with the in-page "Replay from this call" form of
-the dashboard's trajectory browser, which also checks the role at the moment of the click.
+the dashboard's trajectory browser, which also checks the role at the moment of the click. Each replay is a
+process of its own with the model loaded, so the server runs at most ``MAX_ACTIVE_REPLAYS`` at once, whoever
+asks; the HTTP request's checks run off the server's event loop.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 from pathlib import Path
 from typing import Any
+
+from tornado.ioloop import IOLoop
 
 from widgets.gate import JSON_BODY_BYTES, SmallBodyHandler
 from widgets.sessions import Sessions
@@ -29,8 +34,24 @@ from workbench.store.errors import StoreError
 log = logging.getLogger("workbench.dashboard")
 #: The most continuations (per arm) an operator's replay may ask for.
 MAX_REPLAY_N = 64
+#: The most replays this server runs at once (each a process with its model loaded).
+MAX_ACTIVE_REPLAYS = 2
 #: What a replay request may fail of, answered as a 400 (or shown in the page) rather than raised.
 REPLAY_ERRORS = (ValueError, TypeError, LookupError, OverflowError, OSError, StoreError)
+
+
+class TooManyReplays(RuntimeError):
+    """``MAX_ACTIVE_REPLAYS`` replays started by this server are still running (answered 429)."""
+
+
+_started: list[Any] = []  # the BackgroundRun of each replay this server started and that may still run
+_starting = threading.Lock()
+
+
+def active_replays() -> list[Any]:
+    """The replays this server started whose process is still alive."""
+    _started[:] = [run for run in _started if run.process is not None and run.process.is_alive()]
+    return list(_started)
 
 
 def checkpoint_steps(run_dir: Path) -> list[str]:
@@ -66,7 +87,22 @@ def start_replay(run_dir: Path, call_id: Any, n: Any = 8, policy: Any = None) ->
     (1..``MAX_REPLAY_N``), stored beside it; ``policy`` None plays the run's model, ``"step:K"`` one of its
     checkpoints for the call's policy. Returns the replay's ``BackgroundRun``; raises one of
     ``REPLAY_ERRORS`` saying what is wrong, the replay's own checks included (a call it cannot replay,
-    such as one nested in a grouped rollout's call); nothing is started then."""
+    such as one nested in a grouped rollout's call), or ``TooManyReplays`` while ``MAX_ACTIVE_REPLAYS``
+    replays it started still run; nothing is started then."""
+    with _starting:  # two requests at once cannot both pass the count
+        running = active_replays()
+        if len(running) >= MAX_ACTIVE_REPLAYS:
+            names = ", ".join(run.run_dir.name for run in running)
+            raise TooManyReplays(
+                f"{len(running)} replays are running ({names}); this dashboard runs at most "
+                f"{MAX_ACTIVE_REPLAYS} at once: wait for one to end"
+            )
+        handle = _launch_replay(run_dir, call_id, n, policy)
+        _started.append(handle)
+        return handle
+
+
+def _launch_replay(run_dir: Path, call_id: Any, n: Any, policy: Any) -> Any:
     from workbench.analysis.replay import replay
     from workbench.store import RunReader
 
@@ -140,14 +176,18 @@ class StopHandler(OperatorHandler):
 class ReplayHandler(OperatorHandler):
     FIELDS = frozenset({"call_id", "n", "policy"})
 
-    def post(self, run_id: str) -> None:
+    async def post(self, run_id: str) -> None:
         if (user := self._operator()) is None or (run_dir := self._run_dir(run_id)) is None:
             return
         try:
             fields = json.loads(self.body or b"{}")
             if not isinstance(fields, dict) or "call_id" not in fields or set(fields) - self.FIELDS:
                 raise ValueError('send {"call_id": ID, "n": N, "policy": null or "step:K"}')
-            handle = start_replay(run_dir, fields["call_id"], fields.get("n", 8), fields.get("policy"))
+            args = (run_dir, fields["call_id"], fields.get("n", 8), fields.get("policy"))
+            handle = await IOLoop.current().run_in_executor(None, start_replay, *args)  # reads the store
+        except TooManyReplays as error:
+            self._error(429, str(error))
+            return
         except REPLAY_ERRORS as error:
             self._error(400, f"{type(error).__name__}: {error}")
             return

@@ -4,7 +4,9 @@ Which of the episode's calls, how many continuations, what plays the call's poli
 its checkpoints), a button; it launches a background counterfactual replay (``wb.replay``) through the
 ``launch`` it is given (the dashboard's: ``widgets.operator_api.start_replay``, after checking the role) and
 then shows the replay run's id, its status (re-read while the replay is active) and a link that opens it.
-What cannot be replayed is shown with its reason, never raised.
+What cannot be replayed is shown with its reason, never raised. A form follows one replay at a time: its
+button stays disabled while that replay is active, and a click that reaches the server anyway (a double
+click) is refused in the form.
 
 CSS classes a browser test can find: ``wb-replay`` the form, ``wb-replay-call`` ["Call"], ``wb-replay-n``
 ["Continuations (n)"], ``wb-replay-policy`` ["Plays the call's policy"], ``wb-replay-button``,
@@ -22,6 +24,7 @@ from typing import Any
 import panel as pn
 
 from workbench.store import queries as q
+from workbench.training import ACTIVE
 
 _esc = html.escape
 log = logging.getLogger("workbench.dashboard")
@@ -91,6 +94,12 @@ class ReplayForm(pn.viewable.Viewer):
 
     def submit(self) -> None:
         """Launch the replay of the chosen call; show its run, or what went wrong."""
+        if self.handle is not None and self.status in ACTIVE:
+            self.follow()
+            if self.status in ACTIVE:  # a second click sent before the button was disabled
+                log.info("replay of call %s not launched: %s is %s", self.call.value, self.handle.run_dir.name,
+                         self.status)  # fmt: skip
+                return
         if self.call.value is None:
             self._error("open an episode and choose one of its calls")
             return
@@ -102,13 +111,12 @@ class ReplayForm(pn.viewable.Viewer):
             expected = isinstance(error, ValueError | LookupError | PermissionError | OSError)
             log.warning("replay of call %s refused: %s", self.call.value, error, exc_info=not expected)
             self._error(f"{type(error).__name__}: {error}")
-            return
-        finally:
             self.button.disabled = False
+            return
         self.stop()
         self.handle = handle
         self.follow()
-        if self.status in ("created", "running"):
+        if self.status in ACTIVE:
             self._callback = pn.state.add_periodic_callback(self.follow, period=self.interval_ms)
 
     @property
@@ -131,7 +139,8 @@ class ReplayForm(pn.viewable.Viewer):
             f"<b>{_esc(self._status)}</b></div>"
         )
         self.open_button.visible = self._open_run is not None
-        if self._status not in ("created", "running"):
+        self.button.disabled = self._status in ACTIVE
+        if self._status not in ACTIVE:
             self.stop()
 
     def _error(self, message: str) -> None:
