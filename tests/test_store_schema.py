@@ -61,7 +61,9 @@ def test_writer_applies_a_new_migration_and_keeps_the_data(tmp_path, monkeypatch
         conn.execute("UPDATE calls SET judge_note = 'reviewed ' || role")
 
     monkeypatch.setattr(schema_module, "MIGRATIONS", [*schema_module.MIGRATIONS, add_judge_note])
-    with pytest.raises(SchemaVersionError, match=r"older than v\d+; open it once with RunStore.open") as info:
+    with pytest.raises(
+        SchemaVersionError, match=r"older than v\d+; migrate it with `workbench migrate"
+    ) as info:
         RunReader(run_dir)  # readers never migrate
     assert str(run_dir) in _one_line(info)
 
@@ -83,6 +85,36 @@ def test_writer_applies_a_new_migration_and_keeps_the_data(tmp_path, monkeypatch
     # The refused writer released its lock: code that knows the migration can still open the run.
     monkeypatch.setattr(schema_module, "MIGRATIONS", [*schema_module.MIGRATIONS, add_judge_note])
     RunStore.open(run_dir).close()
+
+
+def test_workbench_migrate_upgrades_the_runs_no_writer_holds_and_keeps_their_partial_steps(
+    tmp_path, monkeypatch, capsys
+):
+    from workbench.cli import main
+
+    idle, running = _make_run(tmp_path, "idle"), _make_run(tmp_path, "running")
+    store = RunStore.open(idle)  # a killed run: its step 1 was never completed
+    step = store.step(1).__enter__()
+    step.add_call(step.add_episode(task_id="t"), "solver", completion_ids=np.arange(3))
+    step.flush()
+    store._conn.close()  # its process dies without ending the step
+    store._file_lock.release()
+    monkeypatch.setattr(schema_module, "MIGRATIONS", [*schema_module.MIGRATIONS, lambda conn: None])
+    writer = RunStore.open(running)  # a run being written: its writer has migrated it
+    writer.close()
+    monkeypatch.setattr(schema_module, "MIGRATIONS", [*schema_module.MIGRATIONS, lambda conn: None])
+    writer = RunStore.open(running)
+    try:
+        assert main(["migrate", str(tmp_path)]) == 1, "a run open for writing is named, and fails the command"
+    finally:
+        writer.close()
+    out = capsys.readouterr().out
+    assert f"{idle}: v{SCHEMA_VERSION} -> v{SCHEMA_VERSION + 2}" in out
+    assert f"{running}: left as it is" in out and "already open for writing" in out
+    with RunReader(idle) as reader:
+        assert reader.steps()["status"].tolist() == ["complete", "running"], "the partial step is kept"
+    assert main(["migrate", str(idle)]) == 0 and f"v{SCHEMA_VERSION + 2}, current" in capsys.readouterr().out
+    assert main(["migrate", str(tmp_path / "nowhere")]) == 1
 
 
 def test_failed_migration_rolls_back_to_the_last_good_version(tmp_path, monkeypatch):

@@ -105,6 +105,29 @@ def _runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _migrate(args: argparse.Namespace) -> int:
+    """Each run under the paths at this code's schema; a run open for writing or unreadable is named, and
+    the exit status is 1 then."""
+    from workbench.store import RunStore, StoreError
+    from workbench.store.layout import DB_NAME
+
+    failed = 0
+    for path in map(Path, args.paths):
+        runs = [path] if (path / DB_NAME).is_file() else sorted(p.parent for p in path.glob(f"*/{DB_NAME}"))
+        if not runs:
+            print(f"{path}: no runs")
+            failed += not path.is_dir()
+        for run_dir in runs:
+            try:
+                before, after = RunStore.upgrade(run_dir)
+            except StoreError as error:
+                print(f"{run_dir}: left as it is: {error}")
+                failed += 1
+                continue
+            print(f"{run_dir}: " + (f"v{before} -> v{after}" if after > before else f"v{after}, current"))
+    return 1 if failed else 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from workbench.demo import main
 
@@ -271,6 +294,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("runs", help="list the runs in a directory")
     p.add_argument("runs_dir", nargs="?", default="runs")
     p.set_defaults(func=_runs)
+
+    p = sub.add_parser("migrate", help="bring older runs up to this workbench's store schema")
+    p.add_argument(
+        "paths", nargs="*", default=["runs"], help="runs directories or run directories (default: runs)"
+    )
+    p.set_defaults(func=_migrate)
 
     p = sub.add_parser("serve", help="serve the team dashboard over a runs directory (Panel)")
     p.add_argument("runs_dir", nargs="?", default="runs")

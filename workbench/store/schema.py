@@ -160,8 +160,8 @@ def check_readable(version: int, path: Path) -> None:
     check_not_newer(version, path)
     if version < latest_version():
         raise SchemaVersionError(
-            f"{path} has schema v{version}, older than v{latest_version()}; "
-            "open it once with RunStore.open(run_dir) to migrate it, then read it"
+            f"{path} has schema v{version}, older than v{latest_version()}; migrate it with `workbench migrate "
+            f"{path.parent}` (or open it once with RunStore.open), then read it"
         )
 
 

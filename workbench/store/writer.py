@@ -228,6 +228,29 @@ class RunStore:
             lock.release()
             raise
 
+    @classmethod
+    def upgrade(cls, run_dir: str | Path) -> tuple[int, int]:
+        """Migrate an older run's schema to this code's version and close it again; returns (from, to).
+
+        Unlike ``open`` it keeps a partial step (a resume discards it), so it suits any run that no writer
+        holds: ``workbench migrate runs/`` runs it on every run of a directory (readers refuse older runs)."""
+        paths = existing_run(run_dir)
+        lock = _lock(paths)  # a running writer holds it: its run is left alone (WriterLockedError)
+        try:
+            conn = connect(paths.db, readonly=False)
+            try:
+                with sqlite_errors(paths.db, writer=True):
+                    version = schema.read_version(conn, paths.db)
+                    schema.check_not_newer(version, paths.db)
+                    if version < schema.latest_version():
+                        _configure(conn, "NORMAL", paths.db)
+                        schema.migrate(conn, paths.db)
+            finally:
+                conn.close()
+        finally:
+            lock.release()
+        return version, max(version, schema.latest_version())
+
     def _recover(self) -> list[int]:
         """Delete the rows of steps a previous writer left running; returns the discarded step indices."""
         with self._mutex, sqlite_errors(self._paths.db, writer=True):
