@@ -262,13 +262,21 @@ def test_a_run_graph_follows_new_steps_and_reports_clicks_on_its_roles(tmp_path)
     clicked = []
     graph = RunGraph(store.run_dir, on_role=clicked.append)
     assert graph.step.options == [0] and not graph.refresh(), "nothing new: the store is not read"
+    assert graph.play.disabled, "one step: nothing to play"
     step(1)
     assert graph.refresh() and graph.step.options == [0, 1] and graph.step.value == 1, "on the last: follows"
+    assert not graph.play.disabled
     assert 'data-value="0.1"' in graph.diagram.object
     graph.step.value = 0
     step(2)
     assert graph.refresh() and graph.step.options == [0, 1, 2]
     assert graph.step.value == 0, "a chosen step stays"
+    graph.step.value = 2
+    graph.play.value = True  # play from the last step starts again at the first
+    assert graph.step.value == 0 and graph._player is not None
+    assert graph.next_step() and graph.step.value == 1 and graph.play.value
+    assert graph.next_step() and graph.step.value == 2 and not graph.play.value, "at the last step play stops"
+    assert graph._player is None and not graph.next_step() and graph.step.value == 2
     graph.diagram.param.update(clicked="solver", clicks=1)  # what a click on the Solver's node sets
     graph.diagram.param.update(clicked="nobody", clicks=2)  # not a role of the topology: ignored
     graph.diagram.param.update(clicked="solver", clicks=3)  # the same node again

@@ -4,9 +4,11 @@
     RunGraph(run_dir, colour_by="accuracy")
     RunGraph(run_dir, on_role=print)               # a click on a node calls on_role(its role)
     RunGraph(run_dir, live=True)                   # the slider follows the steps a running run completes
+    graph.play.value = True                        # the "play" toggle: the steps one after another
 
 Moving the slider over the steps replays the run's signals on the graph; hovering a node lists its role's
-numbers (``workbench.analysis.signals``); clicking a node sets ``role`` and calls ``on_role(role)`` (the
+numbers (``workbench.analysis.signals``); the "play" toggle moves the slider through the steps every
+``play_ms`` (from the first when it stands on the last) and lets go at the last; clicking a node sets ``role`` and calls ``on_role(role)`` (the
 dashboard's "Graph" tab then opens that role's calls on the "Trajectories" tab). ``refresh()`` adds the
 steps completed since (the dashboard calls it on its own poll; ``live=True`` polls every ``interval_ms``):
 it reads the run's step through its process-wide ``SharedRun`` (``widgets.shared_poll``), so the store is
@@ -84,6 +86,7 @@ class RunGraph(PeriodicRefresh, pn.viewable.Viewer):
     role = param.String(default="", doc="The role of the node last clicked.")
     live = param.Boolean(default=False, doc="Follow the run's new steps every interval_ms while displayed.")
     interval_ms = param.Integer(default=2000, bounds=(200, None), doc="How often a live graph polls.")
+    play_ms = param.Integer(default=800, bounds=(100, None), doc="How long play shows each step.")
 
     def __init__(
         self,
@@ -101,6 +104,10 @@ class RunGraph(PeriodicRefresh, pn.viewable.Viewer):
         self.step = pn.widgets.DiscreteSlider(name="step", options=steps or [0], value=(steps or [0])[-1])
         self.step.disabled = not steps
         self.colour_by = pn.widgets.Select(name="colour by", options=MEASURES, value=colour_by, width=180)
+        self.play = pn.widgets.Toggle(name="▶ play", width=80, align="end", css_classes=["wb-graph-play"])
+        self.play.disabled = len(steps) < 2
+        self.play.param.watch(self._play, "value")
+        self._player: Any = None
         self.diagram = RoleDiagram(sizing_mode="stretch_width", css_classes=["wb-run-graph"])
         self.diagram.on_click.append(self._clicked)
         self._topology = None
@@ -135,6 +142,7 @@ class RunGraph(PeriodicRefresh, pn.viewable.Viewer):
         following = self.step.disabled or self.step.value == self.step.options[-1]
         value = steps[-1] if following else self.step.value
         self.step.param.update(options=steps, value=value, disabled=False)
+        self.play.disabled = len(steps) < 2
         return True
 
     def _clicked(self, role: str) -> None:
@@ -145,13 +153,38 @@ class RunGraph(PeriodicRefresh, pn.viewable.Viewer):
         if self.on_role is not None:
             self.on_role(role)
 
+    def _play(self, event: Any) -> None:
+        if not event.new:
+            if self._player is not None:
+                self._player.stop()
+                self._player = None
+            return
+        options = list(self.step.options)
+        if self.step.value == options[-1]:
+            self.step.value = options[0]
+        self._player = pn.state.add_periodic_callback(self.next_step, period=self.play_ms)
+
+    def next_step(self) -> bool:
+        """Show the step after the slider's (what play does each ``play_ms``); at the last, play stops.
+        Returns whether the slider moved."""
+        options = list(self.step.options)
+        at = options.index(self.step.value)
+        if at + 1 < len(options):
+            self.step.value = options[at + 1]
+        if at + 2 >= len(options):
+            self.play.value = False
+        return at + 1 < len(options)
+
     def _tick(self) -> None:
         self.refresh(self.interval_ms / 2000)
 
     def close(self) -> None:
         self.stop()
+        self.play.value = False
 
     def __panel__(self) -> pn.viewable.Viewable:
         if self.live:
             self.start()
-        return pn.Column(pn.Row(self.step, self.colour_by), self.diagram, sizing_mode="stretch_width")
+        return pn.Column(
+            pn.Row(self.step, self.play, self.colour_by), self.diagram, sizing_mode="stretch_width"
+        )

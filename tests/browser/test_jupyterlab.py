@@ -6,7 +6,7 @@ wired to a Python callback and the run's RunGraph. Chromium opens the notebook a
 JupyterLab's own command; the test then checks what the browser shows: the monitor's plots and current
 step, the slider, the button's round trip through the kernel (the pane's text changes after a click), the
 graph's nodes filled by the Solver's reward with the number on hover, and the fill following the graph's
-step slider. Then it writes a new step to the run and the monitor in the page shows it.
+step slider, and its play toggle to the next step. Then it writes a new step to the run and the monitor in the page shows it.
 """
 
 from __future__ import annotations
@@ -136,6 +136,9 @@ def test_widgets_render_and_respond_in_jupyterlab(lab, page):
     handle.press("Home")
     page.wait_for_selector(f"{SOLVE}[data-value='0.0']", timeout=30_000)
     assert page.locator(f"{SOLVE} rect").get_attribute("fill") == _fill(0.0) != _fill(0.1)
+    # its play toggle moves on to the next step through the kernel's periodic callback
+    page.locator(".nb-graph .wb-graph-play button").first.click()
+    page.wait_for_selector(f"{SOLVE}[data-value='0.1']", timeout=30_000)
     # a step written now appears in the live monitor
     _step(store, 2)
     page.wait_for_selector('.wb-step[data-step="2"]', timeout=30_000)
