@@ -57,3 +57,48 @@ def test_draws_follow_the_distribution_and_never_pick_a_token_of_probability_zer
     assert counts[5] > 0, "a token of probability 1e-3 is drawn about 200 times"
     with pytest.raises(ValueError, match="not finite"):
         _draw(torch.tensor([[0.5, float("nan")]]))
+
+
+def test_a_shared_prefix_prefilled_once_decodes_what_whole_prompts_do(monkeypatch):
+    """Prompts of one batch that repeat a long prefix (a few-shot transcript) before rests of different lengths,
+    a prompt twice, and one prompt with its own start: the prefix is run once, and every row's greedy tokens
+    and log-probs are those of whole-prompt prefills (float32 rounding of other matrix shapes aside)."""
+    from workbench.backends import hf_decode
+    from workbench.backends.base import GenerationRequest
+    from workbench.models import load
+
+    model, tokenizer = load("tiny")
+    use_gqa_attention(model).eval()
+    shot = list(range(100, 140))  # 40 shared tokens
+    prompts = [shot + [7, 8, 9], shot + [11], shot + list(range(20, 31)), shot + [11]]
+    rows = [GenerationRequest(prompt_ids=p, max_tokens=6, temperature=0.0, ignore_eos=True) for p in prompts]
+
+    def run(batch_prompts):
+        width = max(len(p) for p in batch_prompts)
+        ids = torch.zeros((len(batch_prompts), width), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(batch_prompts):
+            ids[i, width - len(p) :], mask[i, width - len(p) :] = torch.tensor(p), 1
+        calls = []
+        original = model.forward
+
+        def counted(*args, **kwargs):
+            calls.append(kwargs["input_ids"].shape)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(model, "forward", counted)
+        try:
+            return hf_decode.decode(model, tokenizer, ids, mask, rows[: len(batch_prompts)], []), calls
+        finally:
+            monkeypatch.setattr(model, "forward", original)
+
+    (shared_ids, shared_lp), calls = run(prompts)
+    assert calls[0] == (1, 40) and calls[1] == (3, 11), "the prefix once, then each distinct prompt's rest"
+    monkeypatch.setattr(hf_decode, "SHARED_PREFIX_MIN", 10_000)
+    (whole_ids, whole_lp), calls = run(prompts)
+    assert calls[0] == (3, 51), "each distinct prompt whole"
+    assert shared_ids == whole_ids and shared_ids[1] == shared_ids[3]
+    torch.testing.assert_close(torch.tensor(shared_lp), torch.tensor(whole_lp), rtol=0, atol=1e-4)
+    monkeypatch.undo()
+    (own_ids, _), calls = run([list(range(200, 243)), *prompts[:2]])  # nothing shared by all: prompts whole
+    assert calls[0] == (3, 43) and own_ids[1:] == shared_ids[:2]
