@@ -104,7 +104,7 @@ class RunGraph(PeriodicRefresh, pn.viewable.Viewer):
         self.step = pn.widgets.DiscreteSlider(name="step", options=steps or [0], value=(steps or [0])[-1])
         self.step.disabled = not steps
         self.colour_by = pn.widgets.Select(name="colour by", options=MEASURES, value=colour_by, width=180)
-        self.play = pn.widgets.Toggle(name="▶ play", width=80, align="end", css_classes=["wb-graph-play"])
+        self.play = pn.widgets.Toggle(label="▶ play", width=80, align="end", css_classes=["wb-graph-play"])
         self.play.disabled = len(steps) < 2
         self.play.param.watch(self._play, "value")
         self._player: Any = None
