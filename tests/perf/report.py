@@ -306,6 +306,16 @@ def render_replay(r: dict) -> str:
     )
 
 
+def render_prefix(r: dict) -> str:
+    return (
+        f"**Shared-prefix prefill** ({r['mode']} mode, {r['topology']} on {r['model']}, hf backend, {r['when']}): "
+        f"{r['tasks']} problems rolled out greedily ({r['calls']} calls, {r['prompt_tokens']:,} prompt tokens), "
+        f"with the prefix a decode batch's prompts share prefilled once against every prompt prefilled whole, "
+        f"best of {len(r['times']['shared'])}: {r['shared_s']:.2f} s against {r['whole_s']:.2f} s, ratio "
+        f"{r['ratio']:.2f}; {r['same_completions']:.0%} of the completions the same."
+    )
+
+
 RENDERERS = {
     "store": render_store,
     "binpack": render_binpack,
@@ -319,6 +329,7 @@ RENDERERS = {
     "schedulers": render_schedulers,
     "replay": render_replay,
     "replay_vllm": render_replay,
+    "prefix": render_prefix,
 }
 
 

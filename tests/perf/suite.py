@@ -177,6 +177,17 @@ def _replay(r: dict) -> list[dict]:
     ]
 
 
+def _prefix(r: dict) -> list[dict]:
+    return [
+        headline(
+            "shared-prefix prefill",
+            r["ratio"],
+            f"{r['topology']} rollout time with the prefix its prompts share prefilled once / with whole prompts, "
+            f"hf backend, greedy ({r['same_completions']:.0%} of completions the same)",
+        )
+    ]
+
+
 def _backends(r: dict) -> list[dict]:
     b = r["backends"]
     if "hf" not in b or "vllm" not in b:
@@ -240,6 +251,7 @@ BENCHMARKS: dict[str, Benchmark] = {
         "bench_dashboard_load", "dashboard viewers during a training run", _dashboard_load, quick_timeout=300
     ),
     "replay": Benchmark("bench_replay", "counterfactual replay against fresh episodes", _replay),
+    "prefix": Benchmark("bench_prefix", "shared-prefix prefill against whole prompts", _prefix),
     "replay_vllm": Benchmark(
         "bench_replay", "counterfactual replay against fresh episodes on vLLM", _replay, needs=("vllm",)
     ),

@@ -97,6 +97,14 @@ def test_replay(run):
     assert "ratio" in run["logs"]["replay"]
 
 
+def test_prefix(run):
+    data = figures(run, "prefix")
+    assert data["calls"] == 3 * data["tasks"] == 24  # Solver, checker, Verifier for each of 8 problems
+    assert data["same_completions"] == 1.0, "greedy: prefilling the prefix once changes no completion"
+    assert data["ratio"] == pytest.approx(data["shared_s"] / data["whole_s"], rel=0.05)  # both rounded
+    assert "ratio" in run["logs"]["prefix"]
+
+
 def test_trainer(run):
     data = figures(run, "trainer")
     assert data["workbench_step_s"] > 0 and data["trl_step_s"] > 0
