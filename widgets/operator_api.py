@@ -6,9 +6,9 @@
 of the run's calls, stored as a new run in the same runs directory, and answers its id. All
 look the session of the signed cookie up on the server (``widgets.sessions``) and answer 401 without a
 live one and 403 for a viewer, whatever the request says; a malformed request, or a call that cannot
-be replayed, gets 400 saying what is wrong, and a replay past ``MAX_ACTIVE_REPLAYS`` running ones gets 429. Bodies must be ``application/json``, which a cross-site
-form cannot send (no CSRF through a signed-in browser), and at most ``JSON_BODY_BYTES`` long: a longer
-one gets 413 before it is read. Without a users file (a dashboard bound to localhost only) the local
+be replayed, gets 400 saying what is wrong, and a replay past ``MAX_ACTIVE_REPLAYS`` running ones gets
+429. Bodies must be ``application/json``, which a cross-site form cannot send (no CSRF through a
+signed-in browser), and at most ``JSON_BODY_BYTES`` long: a longer one gets 413 before it is read. Without a users file (a dashboard bound to localhost only) the local
 user is the operator.
 
 ``start_replay`` (the checks and the launch) is shared with the in-page "Replay from this call" form of

@@ -8,8 +8,9 @@
 
 Moving the slider over the steps replays the run's signals on the graph; hovering a node lists its role's
 numbers (``workbench.analysis.signals``); the "play" toggle moves the slider through the steps every
-``play_ms`` (from the first when it stands on the last) and lets go at the last; clicking a node sets ``role`` and calls ``on_role(role)`` (the
-dashboard's "Graph" tab then opens that role's calls on the "Trajectories" tab). ``refresh()`` adds the
+``play_ms`` (from the first when it stands on the last) and lets go at the last; clicking a node sets
+``role`` and calls ``on_role(role)`` (the dashboard's "Graph" tab then opens that role's calls on the
+"Trajectories" tab). ``refresh()`` adds the
 steps completed since (the dashboard calls it on its own poll; ``live=True`` polls every ``interval_ms``):
 it reads the run's step through its process-wide ``SharedRun`` (``widgets.shared_poll``), so the store is
 asked again only when the run changed. A slider left on the last step moves on to each new one.
