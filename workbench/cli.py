@@ -115,7 +115,7 @@ def _migrate(args: argparse.Namespace) -> int:
     for path in map(Path, args.paths):
         runs = [path] if (path / DB_NAME).is_file() else sorted(p.parent for p in path.glob(f"*/{DB_NAME}"))
         if not runs:
-            print(f"{path}: no runs")
+            print(f"{path}: no runs" if path.is_dir() else f"{path}: no such directory")
             failed += not path.is_dir()
         for run_dir in runs:
             try:
