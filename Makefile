@@ -85,7 +85,7 @@ test: env-test chromium
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	@echo "==> pytest, parallel phase (unit, integration, notebooks, browser, quick benchmarks)"
-	@start=$$SECONDS; OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(VENV)/bin/pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not vllm" tests notebooks reports --nbval-lax \
+	@start=$$SECONDS; OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(VENV)/bin/pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not vllm" tests notebooks --nbval-lax \
 	  --durations=15 $(PYTEST_ARGS); rc=$$?; echo "parallel phase: $$((SECONDS - start)) s" | tee .test-phases; exit $$rc
 	@echo "==> pytest, vLLM phase (one engine at a time, nothing beside it)"
 	@start=$$SECONDS; $(VENV)/bin/pytest -m vllm tests --durations=15 $(PYTEST_ARGS); rc=$$?; \

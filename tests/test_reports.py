@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import copy
 import json
-import os
+from collections import defaultdict
 from pathlib import Path
 
 import matplotlib
+import nbformat
 import pandas as pd
 import pytest
+from nbval.plugin import coalesce_streams, transform_streams_for_comparison
 
+from tests.notebook_outputs import is_checked
 from workbench.cli import main
 from workbench.reports.figures import figure_data
-from workbench.reports.reproduce import absolute_runs, report_notebooks, reproduce
-from workbench.reports.sample import SAMPLE_ROLLOUTS, SAMPLE_TOPOLOGIES, train_sample_runs
-from workbench.reports.series import RUNS_ENV, resolve_runs, run_spec, run_topology, select_runs
+from workbench.reports.reproduce import REPORTS_DIR, absolute_runs, report_notebooks, reproduce
+from workbench.reports.sample import train_sample_runs
+from workbench.reports.series import RUNS_ENV, resolve_runs, run_spec, select_runs
 from workbench.store import RunReader
 
 matplotlib.use("Agg")
@@ -23,12 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 @pytest.fixture(scope="module")
 def sample_runs(tmp_path_factory) -> dict[str, Path]:
-    """The small runs the notebooks draw from, by topology (reports/conftest.py's, if it built them)."""
-    given = os.environ.get(RUNS_ENV)
-    if given and Path(given).is_dir() and not (Path(given) / "run.db").exists():
-        found = {run_topology(path): path for path in resolve_runs(given).values()}
-        if set(SAMPLE_TOPOLOGIES) | set(SAMPLE_ROLLOUTS) <= set(found):
-            return found
+    """The small runs the notebooks draw from (one per paper, on the tiny model), by topology."""
     return train_sample_runs(tmp_path_factory.mktemp("report-runs"))
 
 
@@ -170,6 +169,58 @@ def test_reproduce_all_runs_every_notebook_of_every_paper(reproduced):
         assert (reproduced / nb.parent.name / nb.stem / f"{nb.stem}.ipynb").is_file(), (
             f"{nb} was not executed"
         )
+
+
+# What nbval leaves out when it compares a cell's outputs (nbval/plugin.py, IPyNbFile.skip_compare, run
+# as `make test` runs it: without --nbdime, so images too, and without a sanitize file).
+NBVAL_SKIPPED = frozenset(
+    {"metadata", "traceback", "prompt_number", "output_type", "name", "execution_count"}
+    | {"application/vnd.jupyter.widget-view+json", "image/png", "image/jpeg"}
+)
+
+
+def _as_nbval_compares(outputs: list) -> dict[str, list]:
+    """A cell's outputs the way nbval compares them: the streams of one name joined (with their \\r and
+    \\b applied) under that name, every MIME type of display_data and execute_result (text/plain,
+    text/html ...) and every other field (an error's ename and evalue) but the skipped ones, each with
+    its values in order."""
+    values: dict[str, list] = defaultdict(list)
+    for output in transform_streams_for_comparison(coalesce_streams(copy.deepcopy(outputs))):
+        for key, value in output.items():
+            if key == "data":
+                for mime, text in value.items():
+                    if mime not in NBVAL_SKIPPED:
+                        values[mime].append(text)
+            elif key not in NBVAL_SKIPPED:
+                values[key].append(value)
+    return dict(values)
+
+
+def test_reproduced_notebooks_print_the_stored_outputs_of_their_checked_cells(reproduced):
+    """What nbval --nbval-lax checked in the report notebooks, on the notebooks `reproduce all` ran.
+
+    A cell marked ``# NBVAL_CHECK_OUTPUT`` (the paper's numbers: the same on every run) must show the
+    outputs stored in ``reports/<paper>/<name>.ipynb``; the other cells only have to run (the test
+    above). Store them again with ``python -m tests.notebook_outputs`` (docs/notebooks.md).
+    """
+    checked = 0
+    for path in report_notebooks("all"):
+        name = path.relative_to(REPORTS_DIR.parent)
+        stored = nbformat.read(path, as_version=4).cells
+        ran = nbformat.read(reproduced / path.parent.name / path.stem / f"{path.stem}.ipynb", as_version=4)
+        # papermill adds a cell with the parameters it was given after the `parameters` cell
+        ran = [c for c in ran.cells if "injected-parameters" not in c.metadata.get("tags", [])]
+        assert [c.source for c in ran] == [c.source for c in stored], f"{name}: the executed cells differ"
+        for index, (cell, executed) in enumerate(zip(stored, ran, strict=True)):
+            if not is_checked(cell):
+                continue
+            checked += 1
+            assert cell.outputs, f"{name} cell {index} is marked NBVAL_CHECK_OUTPUT but stores no output"
+            reproduced_outputs = _as_nbval_compares(executed.outputs)
+            assert reproduced_outputs == _as_nbval_compares(cell.outputs), (
+                f"{name} cell {index}: outputs differ"
+            )
+    assert checked, "no report notebook cell is marked NBVAL_CHECK_OUTPUT: nothing was compared"
 
 
 def test_mars_figures_draw_every_panel_from_the_mars_run(sample_runs, reproduced):
