@@ -60,6 +60,7 @@ cluster_trainers: 0
 cluster_cpus_per_trainer: 1.0
 cluster_gpus_per_trainer: 0.0
 learning_rate: 1.0e-05
+warmup_steps: 0
 weight_decay: 0.0
 adam_beta1: 0.9
 adam_beta2: 0.999

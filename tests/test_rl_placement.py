@@ -165,3 +165,29 @@ def test_trainer_ranks_on_gpus_reduce_over_nccl_and_on_cpus_over_gloo():
     from workbench.rl.data_parallel import collective_backend
 
     assert (collective_backend(on_gpu=True), collective_backend(on_gpu=False)) == ("nccl", "gloo")
+
+
+def test_the_learning_rate_warms_up_over_optimizer_steps_and_a_resumed_trainer_continues(tiny):
+    model, _ = tiny
+    config = OptimConfig(learning_rate=1e-3, warmup_steps=2, mini_batch_size=3)  # two updates a step
+    trained = copy.deepcopy(model)
+    trainer = PolicyTrainer({"p": trained}, config)
+    moves = []
+    for step in range(2):
+        before = [p.detach().clone() for p in trained.parameters()]
+        metrics = trainer.step(_samples(model.config.vocab_size, seed=step), step)
+        moves.append(
+            max(
+                float((p.detach() - b).abs().max()) for p, b in zip(trained.parameters(), before, strict=True)
+            )
+        )
+        assert metrics["optimizer_steps"] == 2
+    # AdamW's first step moves a weight by at most its rate: 1/3 of it, then 2/3 (two updates in the first step)
+    assert moves[0] == pytest.approx(1e-3 * (1 / 3 + 2 / 3), rel=1e-3)
+    assert metrics["learning_rate"] == pytest.approx(1e-3)
+    resumed = PolicyTrainer({"p": copy.deepcopy(trained)}, config)
+    resumed.optimizer.load_state_dict(trainer.optimizer.state_dict())
+    assert resumed.learning_rate() == pytest.approx(1e-3)
+    fresh = PolicyTrainer({"p": copy.deepcopy(model)}, config)
+    assert fresh.learning_rate() == pytest.approx(1e-3 / 3)
+    assert PolicyTrainer({"p": copy.deepcopy(model)}, OptimConfig(learning_rate=1e-3)).learning_rate() == 1e-3

@@ -52,6 +52,7 @@ BAD_FIELDS = [
     ({"max_tokens": "64k"}, "max_tokens must be int | None, got '64k'"),
     ({"mini_batch_size": 0}, "mini_batch_size must be a positive integer"),
     ({"keep_checkpoints": -1}, "keep_checkpoints must be an integer >= 0"),
+    ({"warmup_steps": -1}, "warmup_steps must be an integer >= 0"),
     ({"learning_rate": [1e-5]}, "learning_rate must be float"),
     ({"learning_rate": math.nan}, "learning_rate must be float, got nan"),
     ({"learning_rate": 0.0}, r"learning_rate must be in \(0, inf\)"),

@@ -49,6 +49,7 @@ INT_AT_LEAST = {
             "cluster_max_restarts",
             "cluster_trainers",
             "keep_checkpoints",
+            "warmup_steps",
         ),
         0,
     ),

@@ -47,7 +47,12 @@ class RolloutSection:
 class OptimSection:
     """optimizer: AdamW, and how a step's samples are split into its updates."""
 
-    learning_rate: float = _f(1e-6, "AdamW learning rate (constant).")
+    learning_rate: float = _f(1e-6, "AdamW learning rate (after the warm-up, constant).")
+    warmup_steps: int = _f(
+        0,
+        "Optimizer steps over which the learning rate rises linearly to learning_rate (step k < warmup_steps "
+        "takes (k + 1) / (warmup_steps + 1) of it; AdamW's first step moves every weight by about the rate).",
+    )
     weight_decay: float = _f(0.0, "AdamW weight decay.")
     beta1: float = _f(0.9, "AdamW beta1.", flat="adam_beta1")
     beta2: float = _f(0.999, "AdamW beta2.", flat="adam_beta2")

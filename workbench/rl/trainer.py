@@ -78,6 +78,16 @@ class PolicyTrainer:
 
     # ------------------------------------------------------------------ public
 
+    def learning_rate(self) -> float:
+        """The rate of the next optimizer step: ``learning_rate`` after a linear warm-up over ``warmup_steps``.
+
+        Steps are counted in AdamW's own state, so a run resumed from a checkpoint (or a trainer rank given
+        the group's state) continues the warm-up where it stopped.
+        """
+        cfg = self.config
+        taken = max((float(s["step"]) for s in self.optimizer.state.values() if "step" in s), default=0.0)
+        return cfg.learning_rate * min(1.0, (taken + 1) / (cfg.warmup_steps + 1))
+
     def step(self, samples: Sequence[Sample], step_index: int = 0) -> dict[str, Any]:
         """Train on ``samples`` (those with a trained token); returns the step's metrics.
 
@@ -122,6 +132,7 @@ class PolicyTrainer:
                 "entropy": totals["entropy"] / tokens if totals["entropy"] else float("nan"),
                 "ratio/mean": totals["ratio"] / tokens,
                 "grad_norm": totals["grad_norm"] / max(metrics["optimizer_steps"], 1),
+                "learning_rate": self.optimizer.param_groups[0]["lr"],  # the step's last update's
                 "mastered_tokens_masked": totals["mastered"],
                 "trained_tokens": totals["tokens"],
             }
@@ -248,6 +259,8 @@ class PolicyTrainer:
         limit = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
         norm = torch.nn.utils.clip_grad_norm_(self.parameters, limit)
         totals["grad_norm"] += float(norm)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.learning_rate()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.updates += 1
