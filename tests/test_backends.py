@@ -338,8 +338,9 @@ def test_rows_sharing_a_prompt_are_prefilled_once(tiny_model_path, reference, pr
     backend.model.register_forward_pre_hook(
         lambda m, a, kw: rows.append(kw["input_ids"].shape), with_kwargs=True
     )
-    group = GenerationRequest(prompts["chat"], max_tokens=8, temperature=1.0, n=4)
-    other = GenerationRequest(prompts["raw"], max_tokens=8, temperature=1.0, n=2)  # same settings: one batch
+    # the same settings, so one batch; no row may end at its first token (it would leave the decode batch)
+    group = GenerationRequest(prompts["chat"], max_tokens=8, temperature=1.0, n=4, ignore_eos=True)
+    other = GenerationRequest(prompts["raw"], max_tokens=8, temperature=1.0, n=2, ignore_eos=True)
     (*gens,), (*more,) = generate(backend, group, other)
     backend.close()
     assert rows[0][0] == 2 and rows[1][0] == 6  # the prefill: two distinct prompts; then six rows decode
