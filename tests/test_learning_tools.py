@@ -14,8 +14,8 @@ vocabulary at temperature 1 the base model's sampled answers score F1 > 0 in 0 o
 GRPO's per-sample mean passed on some runs and failed on others (docs/experiments.md). A run whose first
 batches held hard questions had too few rewards to learn from in 8; and with the per-sample mean, a System 1
 sample that copied nothing (one token) and still ended in a rewarded answer pushed that one token with a
-whole sample's weight, so that System 1 copied nothing in most calls after two updates, and a run never
-recovered from it (no reward, so no gradient).
+whole sample's weight, so that System 1 copied nothing in most calls after two updates; the run where it
+happened never recovered (no reward, so no gradient).
 vLLM's CPU build is the rollout engine (the weights reach it after every step), so this runs in the vLLM
 phase of the suite.
 """
