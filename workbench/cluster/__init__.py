@@ -5,14 +5,23 @@
 backend serving them; the pool (``workbench.cluster.pool``) splits a step's tasks among the workers, pushes
 the new weights after every update and replaces a worker that dies, rolling its tasks out again, so a step
 stores each episode once. With ``cluster_trainers`` the update too runs on the cluster, as a data-parallel
-group of trainer ranks (``workbench.cluster.trainers``). Ray is imported only here, and only when a run
-names a cluster.
+group of trainer ranks (``workbench.cluster.trainers``). Before any actor starts, what the run reserves is
+checked against what the cluster has (``workbench.cluster.placement``): a run that cannot be placed fails
+with ``PlacementError``, naming both. Ray is imported only here, and only when a run names a cluster.
 """
 
 from __future__ import annotations
 
+from workbench.cluster.placement import PlacementError
 from workbench.cluster.pool import RolloutPool, WorkerLostError
 from workbench.cluster.scheduler import ClusterScheduler
 from workbench.cluster.trainers import TrainerGroup, TrainerLostError
 
-__all__ = ["ClusterScheduler", "RolloutPool", "TrainerGroup", "TrainerLostError", "WorkerLostError"]
+__all__ = [
+    "ClusterScheduler",
+    "PlacementError",
+    "RolloutPool",
+    "TrainerGroup",
+    "TrainerLostError",
+    "WorkerLostError",
+]

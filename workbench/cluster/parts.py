@@ -9,12 +9,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from workbench.cluster.placement import Needs, run_needs
 from workbench.cluster.pool import RolloutPool
 from workbench.cluster.scheduler import ClusterScheduler
 from workbench.cluster.trainers import TrainerGroup
 from workbench.engine import plugins
 from workbench.rl.loop import Run, local_trainer
 from workbench.topology import to_dict
+
+
+def needs(run: Run) -> Needs:
+    """What the run reserves on the cluster; the part built first checks it before any actor starts (the
+    second finds the same totals), so a run that cannot be placed fails in seconds, naming both sides."""
+    device = getattr(getattr(run.policies, "placement", None), "device", None)
+    return run_needs(run.config, driver=str(device) if device is not None and device.type != "cpu" else None)
 
 
 def trainer_for(run: Run, reference: Any) -> Any:
@@ -32,6 +40,7 @@ def trainer_for(run: Run, reference: Any) -> Any:
         config.cluster_gpus_per_trainer,
         log=run.log,
         plugins=plugins.snapshot(),
+        needs=needs(run),
     )
 
 
@@ -48,5 +57,6 @@ def scheduler_for(run: Run) -> ClusterScheduler:
         config.cluster_max_restarts,
         log=run.log,
         plugins=plugins.snapshot(),
+        needs=needs(run),
     )
     return ClusterScheduler(pool, run.batch_for, config.group_size, run.policies.state, run.policy_version)

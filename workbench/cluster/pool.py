@@ -11,7 +11,10 @@ shard is never stored twice. After ``max_restarts`` replacements in one step the
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
+
+from workbench.cluster.placement import Needs, connect, rollout_workers, wait_started
 
 
 class WorkerLostError(RuntimeError):
@@ -29,19 +32,6 @@ def shards(items: list[Any], n: int) -> list[list[Any]]:
     return [s for s in out if s]
 
 
-def connect(address: str) -> bool:
-    """Join the Ray cluster at ``address`` (``local`` starts one here); True when this call started Ray."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    if address == "local":
-        ray.init(include_dashboard=False, logging_level="WARNING", log_to_driver=False)
-    else:
-        ray.init(address=address, logging_level="WARNING", log_to_driver=False)
-    return True
-
-
 class RolloutPool:
     def __init__(
         self,
@@ -54,12 +44,16 @@ class RolloutPool:
         max_restarts: int = 3,
         log: Callable[[str], None] = print,
         plugins: bytes | None = None,
+        needs: Needs | None = None,
     ):
+        """``needs``: the whole run's actors, checked against the cluster before any worker starts
+        (``workbench.cluster.placement``); None: not checked."""
         import ray
 
         from workbench.cluster.worker import RolloutWorker
 
-        self.started_ray = connect(address)
+        self.started_ray = connect(address, needs)
+        self.group = rollout_workers(n_workers, cpus_per_worker, gpus_per_worker)
         self._actor = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker)(RolloutWorker)
         self.spec, self.config, self.max_restarts, self.log = spec, config, max_restarts, log
         self.plugins = plugins  # workbench.engine.plugins.snapshot() of the driver
@@ -67,7 +61,9 @@ class RolloutPool:
         self._weights: tuple[Any, int] | None = None
         self.replaced = 0  # workers replaced over the pool's life
         self.workers = [self._new_worker() for _ in range(n_workers)]
-        ray.get([w.pid.remote() for w in self.workers])  # every worker built (model loaded) before step 0
+        started = [w.pid.remote() for w in self.workers]
+        wait_started(started, self.group, log)  # saying what they wait for while Ray cannot place them
+        ray.get(started)  # every worker built (model loaded) before step 0
 
     def _new_worker(self) -> Any:
         worker = self._actor.remote(self.spec, self.config, next(self._seeds), self.plugins)
@@ -126,6 +122,7 @@ class RolloutPool:
                 self.replaced += 1
                 retried.append(i)
                 self.workers[i] = self._new_worker()
+                wait_started([self.workers[i].pid.remote()], replace(self.group, count=1), self.log)
                 pending[submit(i)] = i
         return [values[i] for i in range(n)], retried
 

@@ -20,6 +20,8 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from workbench.cluster.placement import Needs, connect, trainer_ranks, wait_started
+
 
 class TrainerLostError(RuntimeError):
     """A trainer rank died: the step cannot finish; resume the run from its last checkpoint."""
@@ -113,15 +115,20 @@ class TrainerGroup:
         gpus_per_rank: float = 0.0,
         log: Callable[[str], None] = print,
         plugins: bytes | None = None,
+        needs: Needs | None = None,
     ):
+        """``needs``: the whole run's actors, checked against the cluster before any rank starts
+        (``workbench.cluster.placement``); None: not checked."""
         import ray
 
-        from workbench.cluster.pool import connect
-
-        self.started_ray = connect(address)
+        self.started_ray = connect(address, needs)
         self.policies, self.log = policies, log
         actor = ray.remote(num_cpus=cpus_per_rank, num_gpus=gpus_per_rank)(TrainerRank)
         self.ranks = [actor.remote(spec, config, rank, size, plugins) for rank in range(size)]
+        # every rank placed and built before rank 0 waits for the others in the group's first collective
+        started = [rank.pid.remote() for rank in self.ranks]
+        wait_started(started, trainer_ranks(size, cpus_per_rank, gpus_per_rank), log)
+        self._get(started)
         leader = self._get([self.ranks[0].address.remote()])[0]
         self._get([rank.join.remote(leader) for rank in self.ranks])
         self.load(policies.state())

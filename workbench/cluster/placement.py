@@ -1,0 +1,218 @@
+"""Placement: what a cluster run asks Ray for, checked against what the cluster has before any actor starts.
+
+A run reserves ``cluster_workers`` rollout workers and ``cluster_trainers`` trainer ranks, each with its
+CPUs and GPUs (``ActorGroup``). ``problems`` compares that with the cluster's totals and with each of its
+nodes, since an actor must fit on one (a pure function, so it is tested without Ray); ``connect`` joins the cluster and fails the run in
+seconds, naming both sides, when it cannot be placed, rather than leaving actors waiting for ever. The
+driver's own model runs in the training process, outside Ray's count: it is named, not reserved.
+
+Actors that still do not answer after a few seconds (Ray holds an actor ``PENDING_CREATION`` until a node has
+its resources free, e.g. while another job holds them) are reported every ``WAIT_LOG_EVERY_S`` seconds by
+``wait_started``: how many, and whether they wait for resources or are still loading their policies.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: Seconds between two "still waiting" lines while actors start.
+WAIT_LOG_EVERY_S = 5.0
+#: The resources a run reserves, as Ray names them, and how the messages name them.
+RESOURCES = (("CPU", "CPU"), ("GPU", "GPU"))
+_EPS = 1e-6  # Ray counts resources in fixed point (1e-4); a sum of floats may miss by a hair
+
+
+class PlacementError(RuntimeError):
+    """The run asks for more than the Ray cluster has: it would wait for ever, so it does not start."""
+
+
+@dataclass(frozen=True)
+class ActorGroup:
+    """``count`` actors of one kind (``name``, singular), each reserving ``cpus`` and ``gpus``; ``settings``
+    name the config fields that set the count, the CPUs and the GPUs (for the message's advice)."""
+
+    name: str
+    count: int
+    cpus: float
+    gpus: float
+    settings: tuple[str, str, str]
+
+    def each(self) -> dict[str, float]:
+        """What one actor reserves, by Ray's resource name (nonzero amounts only)."""
+        return {r: a for r, a in (("CPU", self.cpus), ("GPU", self.gpus)) if a > 0}
+
+    def label(self) -> str:
+        """``2 rollout workers``, ``1 trainer rank``."""
+        return f"{self.count} {self.name}{'' if self.count == 1 else 's'}"
+
+
+def rollout_workers(count: int, cpus: float = 1.0, gpus: float = 0.0) -> ActorGroup:
+    settings = ("cluster_workers", "cluster_cpus_per_worker", "cluster_gpus_per_worker")
+    return ActorGroup("rollout worker", count, cpus, gpus, settings)
+
+
+def trainer_ranks(count: int, cpus: float = 1.0, gpus: float = 0.0) -> ActorGroup:
+    settings = ("cluster_trainers", "cluster_cpus_per_trainer", "cluster_gpus_per_trainer")
+    return ActorGroup("trainer rank", count, cpus, gpus, settings)
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a run reserves on the cluster (its ``groups`` of actors); ``driver`` names where the driver's own
+    model runs (``cpu``, ``cuda:0``): in the training process, outside Ray's count, so named, not reserved."""
+
+    groups: tuple[ActorGroup, ...]
+    driver: str | None = None
+
+
+def run_needs(config: Any, driver: str | None = None) -> Needs:
+    """The actors a run with this ``TrainConfig`` (or its ``to_dict()``) starts on the cluster."""
+    get = config.get if isinstance(config, Mapping) else lambda name, default: getattr(config, name, default)
+    groups = [
+        rollout_workers(
+            int(get("cluster_workers", 2)),
+            float(get("cluster_cpus_per_worker", 1.0)),
+            float(get("cluster_gpus_per_worker", 0.0)),
+        )
+    ]
+    if int(get("cluster_trainers", 0) or 0):
+        groups.append(
+            trainer_ranks(
+                int(get("cluster_trainers", 0)),
+                float(get("cluster_cpus_per_trainer", 1.0)),
+                float(get("cluster_gpus_per_trainer", 0.0)),
+            )
+        )
+    return Needs(tuple(groups), driver)
+
+
+def _n(value: float) -> str:
+    return f"{value:g}"
+
+
+def _count(amount: float, label: str) -> str:
+    """``4 CPUs``, ``1 GPU``, ``0.5 GPUs``."""
+    return f"{_n(amount)} {label}{'' if amount == 1 else 's'}"
+
+
+def _amounts(resources: Mapping[str, float]) -> str:
+    """A node's or an actor's CPUs, and its GPUs when it has any: ``8 CPUs, 1 GPU``."""
+    return ", ".join(
+        _count(float(resources.get(r, 0.0)), label)
+        for r, label in RESOURCES
+        if r == "CPU" or resources.get(r, 0.0)
+    )
+
+
+def problems(
+    needs: Needs, total: Mapping[str, float], nodes: Sequence[Mapping[str, float]] | None = None
+) -> list[str]:
+    """Why ``needs`` cannot be placed on a cluster with ``total`` resources and these ``nodes`` (each alive
+    node's resources; None: not checked node by node); empty when it can."""
+    out = []
+    driver = needs.driver
+    groups = [g for g in needs.groups if g.count > 0]
+    for resource, label in RESOURCES:
+        asking = [g for g in groups if g.count * g.each().get(resource, 0.0) > 0]
+        need = sum(g.count * g.each()[resource] for g in asking)
+        have = float(total.get(resource, 0.0))
+        if need > have + _EPS:
+            terms = " + ".join(f"{g.label()} x {_n(g.each()[resource])}" for g in asking)
+            knobs = ", ".join(g.settings[1 if resource == "CPU" else 2] for g in asking)
+            counts = ", ".join(g.settings[0] for g in asking)
+            out.append(
+                f"needs {_count(need, label)}: {terms}; the cluster has {_n(have)} — lower {knobs} or the counts "
+                f"({counts}), or give the cluster more {label}s"
+                + (
+                    f" (the driver's own model, on {driver}, is outside Ray's count)"
+                    if driver and resource == "GPU"
+                    else ""
+                )
+            )
+    if nodes is not None and not out:
+        for g in groups:
+            each = g.each()
+            if each and not any(all(node.get(r, 0.0) + _EPS >= a for r, a in each.items()) for node in nodes):
+                sizes = "; ".join(sorted({_amounts(node) for node in nodes})) or "none alive"
+                knobs = " or ".join(g.settings[1 if r == "CPU" else 2] for r in each)
+                out.append(
+                    f"needs {_amounts(each)} on one node for each {g.name}; no node of the cluster has that much "
+                    f"(its nodes have {sizes}) — lower {knobs}"
+                )
+    return out
+
+
+def check(
+    needs: Needs, total: Mapping[str, float], nodes: Sequence[Mapping[str, float]] | None = None
+) -> None:
+    """Raise ``PlacementError`` naming what the run needs and what the cluster has, when it cannot be placed."""
+    found = problems(needs, total, nodes)
+    if found:
+        raise PlacementError("this run cannot be placed on the Ray cluster: it " + "; it ".join(found))
+
+
+def connect(address: str, needs: Needs | None = None) -> bool:
+    """Join the Ray cluster at ``address`` (``local`` starts one here); True when this call started Ray.
+
+    With ``needs``, check that the cluster can place them (``check``) before anything is started on it;
+    when it cannot, Ray is shut down again if this call started it, and ``PlacementError`` is raised.
+    """
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        if address == "local":
+            ray.init(include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+        else:
+            ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+        started = True
+    if needs is not None:
+        try:
+            nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+            check(needs, ray.cluster_resources(), nodes)
+        except PlacementError:
+            if started:
+                ray.shutdown()
+            raise
+    return started
+
+
+def waiting(
+    group: ActorGroup, pending: int, seconds: float, free: Mapping[str, float], total: Mapping[str, float]
+) -> str:
+    """The line that says ``pending`` actors of ``group`` have not started after ``seconds``, and what for."""
+    each = group.each()
+    short = [r for r, a in each.items() if float(free.get(r, 0.0)) + _EPS < a]
+    head = f"{pending} of {group.label()} not started after {seconds:.0f} s"
+    if short:
+        wanted = " and ".join(_count(each[r], r) for r in short)
+        free_now = ", ".join(
+            f"{_n(float(free.get(r, 0.0)))} of {_count(float(total.get(r, 0.0)), r)}" for r in short
+        )
+        return (
+            f"{head}: Ray holds them (PENDING_CREATION) until it can reserve {wanted} for each; free now: "
+            f"{free_now} (other actors or jobs on the cluster hold the rest)"
+        )
+    return f"{head}: the cluster has their resources free; they are still loading their policies"
+
+
+def wait_started(
+    refs: Sequence[Any],
+    group: ActorGroup,
+    log: Callable[[str], None],
+    every: float = WAIT_LOG_EVERY_S,
+) -> None:
+    """Wait until every ref (one call per actor of ``group``, e.g. ``pid.remote()``) is ready, saying every
+    ``every`` seconds how many actors have not started and what they wait for. A failed call counts as
+    ready: the caller's ``ray.get`` raises its error."""
+    import ray
+
+    started, pending = time.monotonic(), list(refs)
+    while pending:
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=every)
+        if pending:
+            seconds = time.monotonic() - started
+            log(waiting(group, len(pending), seconds, ray.available_resources(), ray.cluster_resources()))
