@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 import workbench as wb
-from workbench.engine import plugins
+from workbench.engine import plugins, spec_checks
 from workbench.rewards.verifiers import VERIFIERS
 from workbench.tools import TOOL_KINDS
-from workbench.topology import from_dict
+from workbench.topology import TopologyError, from_dict
 
 CELL = '''
 from workbench.tools import Tool, ToolResult, register_tool_kind
@@ -124,6 +124,56 @@ def test_a_background_run_and_its_resume_get_the_notebooks_plugins(notebook_plug
     # a fresh process again: the plugins come from the run directory
     resumed = wb.resume(run.run_dir, steps=2)
     assert resumed.wait(300) == "finished", resumed.log()
+    # replays where the notebook's cell never ran (a restarted kernel, the dashboard's server), of a call
+    # rewarded by the notebook's verifier: in this process, then from the dashboard (a background process)
+    solver = int(wb.RunReader(run.run_dir).calls(step=1, columns=["role"])["id"].iloc[0])
+    _forget_notebook_plugins()
+    replayed = wb.replay(run.run_dir, solver, n=1, arms=["resample"])
+    assert replayed.arms["resample"][0].calls[0].rewards["reward"] in (0.0, 1.0)
+    _forget_notebook_plugins()
+    from widgets.operator_api import start_replay
+
+    background = start_replay(run.run_dir, solver, n=1)
+    assert background.wait(300) == "finished", background.log()
+    assert len(wb.RunReader(background.run_dir).calls()) == 2  # keep and resample, one continuation each
+
+
+def _forget_notebook_plugins() -> None:
+    """This process as one that never ran the notebook's cell: its spec's tool kind and verifier are unknown."""
+    TOOL_KINDS.pop("calculator", None)
+    VERIFIERS.pop("length_is_even", None)
+    with pytest.raises(TopologyError, match="unknown tool kind 'calculator'"):
+        spec_checks.from_dict(SPEC)
+
+
+def test_a_replay_imports_the_plugin_modules_its_training_run_named(tmp_path, monkeypatch):
+    """A run whose config names its plugin modules (``plugins:``, as ``workbench train`` takes them) replays in
+    a process that never imported them: the replay imports them as training and resume do."""
+    from workbench.rl.config import TrainConfig
+    from workbench.rl.run_files import TOPOLOGY_FILE
+    from workbench.topology import to_yaml
+    from workbench.training import create, run_here
+
+    (tmp_path / "calc_plugin.py").write_text(CELL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import calc_plugin  # noqa: F401 - registers the spec's tool kind and verifier, as the CLI's --plugins does
+
+    config = TrainConfig(model="tiny", steps=1, batch_size=1, group_size=2, n_tasks=2, max_tokens=8,
+                         runs_dir=str(tmp_path / "runs"), plugins=["calc_plugin"])  # fmt: skip
+    try:
+        run_dir = create(config)
+        (run_dir / TOPOLOGY_FILE).write_text(to_yaml(from_dict(SPEC)))
+        assert run_here(run_dir) == "finished"
+        assert not (run_dir / plugins.PLUGINS_FILE).exists(), "the plugins travel by name only"
+        solver = int(wb.RunReader(run_dir).calls(columns=["role"])["id"].iloc[0])
+        _forget_notebook_plugins()
+        sys.modules.pop("calc_plugin")
+        replayed = wb.replay(run_dir, solver, n=1, arms=["resample"])
+        assert replayed.arms["resample"][0].status == "complete" and "calc_plugin" in sys.modules
+    finally:
+        sys.modules.pop("calc_plugin", None)
+        TOOL_KINDS.pop("calculator", None)
+        VERIFIERS.pop("length_is_even", None)
 
 
 def test_a_plugin_module_named_on_the_command_line_is_imported_and_a_broken_one_is_named(tmp_path):

@@ -304,6 +304,26 @@ def test_a_grouped_episode_replays_the_branch_of_its_call(tiny, tmp_path):
             .arms["resample"][0].calls] == ["solver", "checker", "verifier1"]  # fmt: skip
 
 
+def test_a_replay_from_each_sample_of_a_grouped_call_reproduces_that_sample(tiny, tmp_path):
+    """marsrl_cpu with G = 2 judges each solution twice (``select``): two sibling verdicts on one branch. With
+    per-call seeds, the resampled verdict of a replay from either one is that verdict again, token for token
+    (its own stored seed, not its sibling's)."""
+    tasks = wb.generate_tasks("arithmetic", n=1, seed=2, level=1, format="plain")
+    run = wb.rollout("marsrl_cpu", tasks, backend=tiny, group_size=2, max_tokens=6, runs_dir=tmp_path, seed=SEED,
+                     per_call_seeds=True)  # fmt: skip
+    with wb.RunReader(run.run_dir) as reader:
+        calls = reader.calls(arrays="list")
+    episode = calls[calls["episode_id"] == calls["episode_id"].max()]  # the group's second episode (sample 1)
+    verdicts = episode[episode["role"] == "verifier1"].sort_values("position")
+    assert len(verdicts) == 2 and verdicts["previous_id"].nunique() == 1, "two samples of one call"
+    stored = [list(ids) for ids in verdicts["completion_ids"]]
+    assert stored[0] != stored[1], "the siblings' verdicts differ (else the test could not tell them apart)"
+    for k, (call_id, completion) in enumerate(zip(verdicts["id"], stored, strict=True)):
+        result = wb.replay(run.run_dir, int(call_id), n=1, arms=["resample"], backend=tiny)
+        replayed = result.arms["resample"][0].calls[-1]
+        assert replayed.role == "verifier1" and replayed.completion_ids == completion, f"sample {k}"
+
+
 def test_tools_are_replayed_from_the_store_never_run_again(tmp_path):
     register_tool_kind("counting", Counting, replace=True)
     try:

@@ -8,12 +8,14 @@ completions and tool results, tools never re-executed. Each *arm* is N continuat
 - ``replace``: the call's first turn is the researcher's ``replacement`` text, the rest is sampled.
 
 Continuation ``j`` seeds its generations with ``request_seed`` from ``seed`` (continuation 0 with
-``seed`` itself): a source rolled out with ``per_call_seeds=True`` and the same seed and settings is
-reproduced exactly by continuation 0 of the ``resample`` arm. Each arm is one step of a new run (config
+``seed`` itself), each call at its stored position: a source rolled out with ``per_call_seeds=True`` and
+the same seed and settings is reproduced exactly by continuation 0 of the ``resample`` arm (from any sample
+of a grouped call, that sample). Each arm is one step of a new run (config
 kind ``replay``, linked to the source run, episode and call), which opens like any run.
 
 ``background=True`` creates the replay's run at once and replays in a spawned process (its config holds
-everything the process needs); ``wb.replay_calls`` (``workbench.analysis.replay_batch``) replays many calls.
+everything the process needs, and ``plugins.pkl`` this process's plugins; the process loads them and the
+source run's); ``wb.replay_calls`` (``workbench.analysis.replay_batch``) replays many calls.
 """
 
 from __future__ import annotations
@@ -219,7 +221,9 @@ def create_runs(
     plans: Sequence[ReplayPlan], runs_dir: str | Path | None = None, run_id: str | None = None
 ) -> list[Path]:
     """A new run (status ``created``) for each plan, beside its source run unless ``runs_dir`` says where;
-    several plans are one batch: an event of the first run lists them all, in order (``replay_here``)."""
+    several plans are one batch: an event of the first run lists them all, in order (``replay_here``). Each
+    keeps this process's plugins (``plugins.pkl``), which its topology may name."""
+    from workbench.engine import plugins
     from workbench.store import RunStore
     from workbench.tasks import save_jsonl
     from workbench.training import TASKS_FILE, storage_errors
@@ -237,6 +241,8 @@ def create_runs(
         try:
             with storage_errors(store.run_dir / TASKS_FILE):
                 save_jsonl([source.task], store.run_dir / TASKS_FILE)  # for a background process
+            with storage_errors(store.run_dir / plugins.PLUGINS_FILE):
+                plugins.save(store.run_dir)  # a notebook's own tool kinds and verifiers, for the process
         finally:
             store.close()
         made.append(store.run_dir)
@@ -346,6 +352,7 @@ def _engines(plan: ReplayPlan, players: Players) -> Callable[[str, int], Rollout
                 keep=arm == "keep",
                 replacement=plan.replacement if arm == "replace" else None,
                 tokenizers={name: b.tokenizer for name, b in served.items()},
+                seed_position=source.seed_position,
             ),
         )
 
@@ -356,10 +363,12 @@ def replay_here(run_dir: str | Path) -> None:
     """Do the replay stored in ``run_dir`` by ``replay(..., background=True)`` (and the rest of its batch,
     ``replay_calls(..., background=True)``, in order), in this process. A ``STOP`` file in ``run_dir`` stops
     the batch before its next call; a call that fails is recorded in its run and the batch goes on."""
+    from workbench.engine import plugins
     from workbench.store import RunReader
     from workbench.training import STOP_FILE
 
     first = Path(run_dir)
+    plugins.load(first)  # what the launching process had registered; the source run's come with its plan
     with RunReader(first) as reader:
         events = reader.events(kind="replay_batch")
     batch = [Path(p) for p in events.iloc[-1]["payload"]["runs"]] if not events.empty else [first]

@@ -3,12 +3,13 @@
 The stored calls become the engine's ``CallRecord``s again (exact token ids, owner masks, tool result
 texts), which ``workbench.engine.forcing`` answers the replay's prefix from. The task comes from the
 caller, the run's ``tasks.jsonl`` (every ``wb.rollout`` and background run keeps one), or a training
-run's config (its tasks are generated from a seed).
+run's config (its tasks are generated from a seed). The run's plugins (its config's plugin modules and its
+``plugins.pkl``) are loaded before its topology is read, as training and resume load them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,17 @@ class SourceCall:
     call_ids: dict[int, int]  # position -> stored call id
     topology: Topology
     task: Task
+    #: Where a replay renumbered the calls (one branch of a grouped episode): each call's position in the
+    #: stored episode, by its position in the replay; and how far past the stored episode's last position the
+    #: replay's later calls are moved (``seed_position``).
+    stored_positions: dict[int, int] = field(default_factory=dict)
+    later_shift: int = 0
+
+    def seed_position(self, position: int) -> int:
+        """The stored position whose request seeds a replay's call at ``position`` takes: the stored call's own
+        (so a replay from any sample of a grouped call reproduces that sample), and for a call after the
+        replayed one, a position past the stored episode's last (no stored call's seeds)."""
+        return self.stored_positions.get(position, position + self.later_shift)
 
     @property
     def call(self) -> CallRecord:
@@ -59,11 +71,15 @@ class SourceCall:
         path.reverse()
         calls = [replace(c, position=i, previous=None, source=None) for i, c in enumerate(path)]
         ids = {i: self.call_ids[c.position] for i, c in enumerate(path)}
-        return replace(self, calls=calls, call_ids=ids, position=len(path) - 1)
+        stored = {i: c.position for i, c in enumerate(path)}
+        point = len(path) - 1  # a later call k steps on seeds as if k past the stored episode's last call
+        return replace(self, calls=calls, call_ids=ids, position=point, stored_positions=stored,
+                       later_shift=max(by_position) - point)  # fmt: skip
 
 
 def load_source(run_dir: str | Path, call_id: int, tasks: list[Task] | None = None) -> SourceCall:
-    """The stored call ``call_id`` of the run in ``run_dir`` and everything a replay of it needs."""
+    """The stored call ``call_id`` of the run in ``run_dir`` and everything a replay of it needs (the run's
+    plugins loaded here first: its topology may name their tool kinds and verifiers)."""
     with RunReader(run_dir) as reader:
         info = reader.info()
         row = reader.sql("SELECT episode_id, step FROM calls WHERE id = ?", (int(call_id),))
@@ -76,6 +92,7 @@ def load_source(run_dir: str | Path, call_id: int, tasks: list[Task] | None = No
     call_ids = {int(p): int(i) for p, i in zip(frame["position"], frame["id"], strict=True)}
     position = next(p for p, i in call_ids.items() if i == int(call_id))
     config = info["config"]
+    load_plugins(Path(info["run_dir"]), config)
     meta = episode["task_meta"] or {}
     stored = frame[frame["id"] == int(call_id)].iloc[0]
     return SourceCall(
@@ -114,6 +131,16 @@ def _record(row: Any, frame: Any) -> CallRecord:
         trainable=True,
         parsed=row.action,
     )
+
+
+def load_plugins(run_dir: Path, config: dict[str, Any]) -> None:
+    """Make the run's plugins available here, as its training and resume do: the plugin modules its config
+    names (a training run's ``train_config.yaml``, which a resume may have changed), then its ``plugins.pkl``."""
+    from workbench.engine import plugins
+    from workbench.rl.run_files import CONFIG_FILE, run_config
+
+    modules = run_config(run_dir).plugins if (run_dir / CONFIG_FILE).exists() else config.get("plugins")
+    plugins.load(run_dir, modules or ())
 
 
 def run_topology(run_dir: Path, config: dict[str, Any]) -> Topology:

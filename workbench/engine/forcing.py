@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,7 +81,9 @@ class Forcing:
     ``keep=True`` the replayed call is forced too (its tool results included), and with ``replacement``
     its first turn is that text (tokenised by the role's tokenizer, ended with its end-of-sequence token)
     and the rest is sampled. ``tokenizers`` (by policy) make a tool text the store
-    capped whole again from the call's tokens.
+    capped whole again from the call's tokens. ``seed_position`` maps a position of the replay to the
+    position whose request seeds it takes (``request_seed``): a replay that renumbers the stored calls (one
+    branch of a grouped episode) seeds each as the stored call was seeded. By default, the position itself.
     """
 
     def __init__(
@@ -90,6 +93,7 @@ class Forcing:
         keep: bool = False,
         replacement: str | None = None,
         tokenizers: dict[str, Any] | None = None,
+        seed_position: Callable[[int], int] | None = None,
     ):
         if keep and replacement is not None:
             raise ValueError("a replay either keeps the call or replaces its text, not both")
@@ -98,6 +102,7 @@ class Forcing:
             raise ValueError(f"the episode has no call at position {point}")
         self.point, self.keep, self.replacement = point, keep, replacement
         self.tokenizers = dict(tokenizers or {})
+        self.seed_position = seed_position or (lambda position: position)
         self._turns = {p: turns(c) for p, c in self.calls.items()}
         self.forced: set[int] = set()  # positions whose generations were answered here
         self.ancestors = ancestors(calls, point)

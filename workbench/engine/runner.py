@@ -764,6 +764,7 @@ class Rollout:
         max_tokens = role.sampling.max_tokens
         if self.max_tokens is not None:
             max_tokens = min(max_tokens, self.max_tokens)
+        seeded = position if self.forcing is None else self.forcing.seed_position(position)
         (generation,) = await backend.generate(
             GenerationRequest(
                 prompt_ids=prompt_ids,
@@ -776,7 +777,7 @@ class Rollout:
                 adapter=role.policy if role.policy in getattr(backend, "adapters", {}) else None,
                 seed=None
                 if self.seed is None
-                else request_seed(self.seed, state.record.task_id, state.record.sample, position, turn),
+                else request_seed(self.seed, state.record.task_id, state.record.sample, seeded, turn),
             )
         )
         return generation
