@@ -17,6 +17,10 @@ BROKEN_BESIDE_CPU_TORCH := torchvision torchaudio torchcodec
 PYTEST_ARGS ?=
 DEMO_MODEL ?= smollm2-135m
 DEMO_ARGS ?=
+# Extra flags for JupyterLab (make lab LAB_ARGS="--port 8899 --no-browser"); as root (containers, many
+# cloud notebooks) it is also given --allow-root, without which it refuses to start.
+LAB_ARGS ?=
+LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 export VLLM_HOST_IP ?= 127.0.0.1
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
@@ -28,7 +32,7 @@ export TRANSFORMERS_NO_ADVISORY_WARNINGS ?= 1
 help:
 	@echo "make demo  - install and run the main job (MarsRL on the local SmolLM2-135M: roll out, train, figures)"
 	@echo "make test  - install the test tools and run the whole suite"
-	@echo "make lab   - JupyterLab on notebooks/ (after make demo)"
+	@echo "make lab   - JupyterLab on notebooks/ (after make demo; LAB_ARGS=... passes it flags)"
 	@echo "make serve - the team dashboard on runs/ at http://localhost:5006 (after make demo)"
 	@echo "make perf-quick - the benchmark suite in quick mode (into artifacts/perf/)"
 	@echo "make perf  - the benchmark suite in full mode (into tests/perf/results/), then the README's table"
@@ -64,7 +68,7 @@ demo: env-demo
 	$(VENV)/bin/workbench demo --model $(DEMO_MODEL) $(DEMO_ARGS)
 
 lab: env-demo
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab notebooks/ $(LAB_ROOT) $(LAB_ARGS)
 
 serve: env-demo
 	$(VENV)/bin/workbench serve runs/

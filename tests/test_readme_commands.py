@@ -14,8 +14,12 @@ import json
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -59,7 +63,15 @@ def test_make_demo_runs_as_written_from_a_fresh_copy(clone: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:] + out[-3000:]
     for role in ("solver", "checker", "verifier1"):
         assert re.search(rf"^{role}\s+\d+", out, re.M), f"no rollout summary row for {role}:\n{out}"
+    assert re.search(r"^checker\s+\d+\s+[\d.]+\s+-\s", out, re.M), "a role without a reward shows -"
+    assert re.search(r"^step 1: reward [\d.]+, loss -?\d\.\d\de[+-]\d\d, grad norm [\d.e+-]+, ", out, re.M), (
+        out
+    )
     assert re.search(r"^\s+solver\s+[\d.]+ -> [\d.]+ .*SE\)$", out, re.M), out
+    side = out[out.index("one held-out problem, greedy, before and after training") :]
+    assert re.search(r"^\s+base model\s+trained model$", side, re.M), side
+    for row in ("solver", "checker", "verifier1", "answer", "rewards"):
+        assert re.search(rf"^  {row} ", side, re.M), f"no {row} row in the side-by-side:\n{side}"
     assert re.search(r"system \(final answer\)\s+[\d.]+ -> [\d.]+", out), out
     assert "figures and tables: reports-out/index.html" in out
     assert (clone / "reports-out" / "index.html").is_file()
@@ -73,6 +85,39 @@ def test_make_demo_runs_as_written_from_a_fresh_copy(clone: Path) -> None:
         dry = shell(["make", "-n", "-o", f"{VENV}/.stamp-demo", target, f"VENV={VENV}"], clone)
         assert dry.returncode == 0 and program in dry.stdout, dry.stdout + dry.stderr
         assert (VENV / "bin" / program.split()[0]).exists(), f"make demo installs {program.split()[0]}"
+
+
+def test_make_lab_serves_jupyterlab_as_root_too_with_lab_args(clone: Path, tmp_path: Path) -> None:
+    """``make lab`` as the user running the suite (root in CI's container, where JupyterLab refuses to start
+    without ``--allow-root``), with ``LAB_ARGS`` giving it a port: it answers HTTP, then is stopped."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER")}
+    env["JUPYTER_RUNTIME_DIR"] = str(tmp_path)  # its runtime files here, not in the user's folder
+    args = f"--port={port} --no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port_retries=0"
+    lab = subprocess.Popen(
+        ["make", "-o", f"{VENV}/.stamp-demo", "lab", f"VENV={VENV}", f"LAB_ARGS={args}"],
+        cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,  # make, the shell and JupyterLab in one process group, stopped together
+    )  # fmt: skip
+    try:
+        deadline, answer = time.monotonic() + 90, None
+        while answer is None and lab.poll() is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api", timeout=5) as reply:
+                    answer = json.loads(reply.read())
+            except OSError:
+                time.sleep(0.25)
+    finally:
+        os.killpg(lab.pid, signal.SIGTERM)
+        try:
+            output = lab.communicate(timeout=20)[0]
+        except subprocess.TimeoutExpired:
+            os.killpg(lab.pid, signal.SIGKILL)
+            output = lab.communicate()[0]
+    assert answer is not None and "version" in answer, f"JupyterLab did not answer:\n{output[-3000:]}"
+    assert ("--allow-root" in output) == (os.geteuid() == 0), output[:500]
 
 
 def tour_commands(readme: str) -> list[str]:

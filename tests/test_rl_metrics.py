@@ -54,3 +54,21 @@ def test_the_step_timer_gives_each_phase_its_time_metric_and_the_step_its_wall_t
     assert metrics["time/step_s"] >= sum(v for k, v in metrics.items() if k != "time/step_s")
     with pytest.raises(ValueError, match="a step's phase is one of"), timer.phase("generate"):
         pass
+
+
+def test_the_progress_line_shows_the_numbers_that_move():
+    from workbench.rl.display import progress_line
+
+    roles = {"solver": {"reward/mean": 0.875}, "checker": {"samples": 4.0}}
+    metrics = {"reward/mean": 0.875, "loss": -2.3e-6, "grad_norm": 0.41, "clip_fraction": 0.0, "kl": 0.0}
+    metrics.update({"entropy": 1.234, "time/step_s": 16.74})
+    line = progress_line(11, metrics, roles)
+    assert line == (
+        "step 11: reward 0.875, loss -2.30e-06, grad norm 0.410, entropy 1.23, 16.7 s (role rewards: solver 0.88)"
+    )
+    several = progress_line(3, {**metrics, "clip_fraction": 0.031, "kl": 1.5e-4, "entropy": float("nan")}, {})
+    assert ", clipped 3.1%, kl 1.50e-04, 16.7 s" in several and "entropy" not in several
+    assert (
+        progress_line(0, {"reward/mean": 0.0, "time/step_s": 1.0}, {})
+        == "step 0: reward 0.000, no update, 1.0 s"
+    )

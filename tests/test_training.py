@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import threading
 import time
@@ -245,9 +246,17 @@ def test_each_role_trains_its_own_weights(layout, tmp_path):
         learning_rate=1e-2,
     )
     run_dir = create(config)
+    lines: list[str] = []
     run_training(
-        config, run_dir, topology=DUO, tasks=generate("arithmetic", n=8, seed=0, level=1), log=lambda m: None
+        config, run_dir, topology=DUO, tasks=generate("arithmetic", n=8, seed=0, level=1), log=lines.append
     )
+    progress = [line for line in lines if re.match(r"step \d: reward", line)]
+    assert len(progress) == 2, lines
+    for line in progress:  # the numbers that move: the loss in scientific notation, the gradient norm
+        assert re.match(r"step \d: reward [\d.]+, loss -?\d\.\d\de[+-]\d\d, grad norm ([\d.e+-]+), ", line), (
+            line
+        )
+    assert any(float(re.search(r"grad norm ([\d.e+-]+)", line).group(1)) > 0 for line in progress), progress
     weights = torch.load(run_dir / "checkpoints" / "step-000001" / "weights.pt", weights_only=True)
     base, _ = load("tiny")
     base_state = base.state_dict()

@@ -9,6 +9,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+#: What ``workbench --help`` says first (the docstring's markup would show as written).
+DESCRIPTION = (
+    "The workbench command: models, topologies, tasks, rollouts, training, export, runs and the demo."
+)
+
 
 def _models(args: argparse.Namespace) -> int:
     from workbench import models
@@ -93,7 +98,7 @@ def _rollout(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     print(result)
-    print(result.summary().to_string(float_format=lambda x: f"{x:.2f}"))
+    print(result.summary_text())
     return 0
 
 
@@ -101,8 +106,19 @@ def _runs(args: argparse.Namespace) -> int:
     from workbench.store import list_runs
 
     runs = list_runs(args.runs_dir)
+    if len(runs):
+        runs["created_at"] = runs["created_at"].map(local_time)
     print(runs.to_string(index=False) if len(runs) else f"no runs in {args.runs_dir}")
     return 0
+
+
+def local_time(seconds: float | None) -> str:
+    """A time stamp (seconds since the epoch) as a local ISO time with its offset: 2026-05-01T14:03:22+02:00."""
+    from datetime import datetime
+
+    if seconds is None or seconds != seconds:  # NaN: a run whose database could not be read
+        return "-"
+    return datetime.fromtimestamp(float(seconds)).astimezone().isoformat(timespec="seconds")
 
 
 def _migrate(args: argparse.Namespace) -> int:
@@ -219,7 +235,7 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="workbench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="workbench", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("models", help="list or prepare local models")
@@ -271,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_rollout)
 
     p = sub.add_parser("train", help="train a topology (GRPO) from a config file, or resume a run")
-    p.add_argument("config", nargs="?", help="training config YAML (see `workbench train --help-config`)")
+    p.add_argument("config", nargs="?", help="training config YAML (see: workbench train --help-config)")
     p.add_argument(
         "--set",
         action="append",
@@ -307,7 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--address", default="127.0.0.1", help="bind address; anything but localhost needs --users"
     )
     p.add_argument("--port", type=int, default=5006)
-    p.add_argument("--users", help="users file (JSON: name -> role and password hash); see `workbench users`")
+    p.add_argument(
+        "--users", help="users file (JSON: name -> role and password hash); see: workbench users add"
+    )
     p.add_argument(
         "--cookie-secret-file", help="file holding the session cookie secret (else $WORKBENCH_COOKIE_SECRET)"
     )

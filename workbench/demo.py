@@ -5,7 +5,9 @@
    and answering Yes or No), summarised per role: calls, tokens, reward, format failures.
 2. Multi-agent GRPO on the same topology for ``train_steps`` steps, with a greedy held-out evaluation
    before the first update and after the last, printed per role as base -> trained with the paired
-   standard error of the rise.
+   standard error of the rise; then one held-out problem answered greedily by the base model and by the
+   trained one, side by side (the first whose final answer training turned from wrong to right, where
+   one did).
 3. ``workbench reproduce marsrl`` on that run: MarsRL's figures and tables under ``reports_out``.
 4. The next commands: the notebooks in JupyterLab, the dashboard on the run.
 
@@ -20,10 +22,16 @@ from __future__ import annotations
 import os
 import sys
 import textwrap
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 #: The demo's problems: single-digit addition asked for "just the number", where SmolLM2-135M is partly right.
 TASK_OPTIONS = {"level": 1, "format": "plain"}
+#: Characters of a completion shown in a column of the side-by-side comparison.
+COLUMN = 38
+
+Scores = Mapping[str, Mapping[str, float]]
 
 
 def main(
@@ -44,7 +52,10 @@ def main(
         _print_next(runs_dir, rollout_dir)
         return 0
     run_dir = _train(model, topology, train_steps, group_size, eval_tasks, learning_rate, runs_dir, seed)
-    _print_held_out(run_dir)
+    scores = _held_out_scores(run_dir)
+    if scores is not None:
+        _print_held_out(*scores)
+        _print_side_by_side(run_dir, model, topology, *scores)
     code = _report(run_dir, Path(reports_out))
     _print_next(runs_dir, run_dir)
     return code
@@ -63,12 +74,7 @@ def _roll_out(
     result = rollout(topology, tasks, model=model, group_size=group_size, runs_dir=runs_dir, seed=seed)
     print(f"\n{len(result.episodes)} episodes stored in {result.run_dir} ({result.seconds:.1f} s)")
     print(f"final-answer accuracy: {result.accuracy:.2f}\n")
-    print(result.summary().to_string(float_format=lambda x: f"{x:.2f}", na_rep="-"))
-    first = result.episodes[0]
-    print(f"\nfirst episode ({first.task_id}): {tasks[0].question!r} -> reference {tasks[0].answer}")
-    for call in first.calls[:6]:
-        text = textwrap.shorten(call.completion_text.replace("\n", " ").strip() or "(empty)", 100)
-        print(f"  [{call.role}] {text}")
+    print(result.summary_text())
     return result.run_dir
 
 
@@ -105,16 +111,21 @@ def _train(
     )
 
 
-def _print_held_out(run_dir: Path) -> None:
-    """Per role, the greedy held-out score before training and after it, with the paired standard error."""
-    from workbench.rl.evaluation import OUTCOME, paired_rise
+def _held_out_scores(run_dir: Path) -> tuple[Scores, Scores] | None:
+    """The held-out scores per task before training and after it (None: fewer than two evaluations)."""
     from workbench.store import RunReader
 
     with RunReader(run_dir) as reader:
         events = reader.events(kind="eval")
     if len(events) < 2:
-        return
-    before, after = events["payload"].iloc[0]["tasks"], events["payload"].iloc[-1]["tasks"]
+        return None
+    return events["payload"].iloc[0]["tasks"], events["payload"].iloc[-1]["tasks"]
+
+
+def _print_held_out(before: Scores, after: Scores) -> None:
+    """Per role, the greedy held-out score before training and after it, with the paired standard error."""
+    from workbench.rl.evaluation import OUTCOME, paired_rise
+
     keys = sorted({k for scores in before.values() for k in scores} - {OUTCOME}) + [OUTCOME]
     print(
         f"\nheld-out problems ({len(before)}, greedy): base -> trained, rise in paired standard errors "
@@ -127,6 +138,96 @@ def _print_held_out(run_dir: Path) -> None:
         print(
             f"  {label:22} {mean_before:.2f} -> {mean_before + rise:.2f}  ({rise:+.2f} ± {se:.2f}: {rise / max(se, 1e-9):+.1f} SE)"
         )
+
+
+def pick_problem(tasks: list[Any], before: Scores, after: Scores) -> tuple[Any, str]:
+    """The held-out problem to show before and after training, and why it was chosen: the first whose final
+    answer training turned from wrong to right, else the first whose scores changed, else the first."""
+    from workbench.rl.evaluation import OUTCOME
+
+    def scores(table: Scores, task: Any) -> Mapping[str, float]:
+        return table.get(str(task.id), {})
+
+    for task in tasks:
+        if scores(before, task).get(OUTCOME, 0.0) < 1.0 <= scores(after, task).get(OUTCOME, 0.0):
+            return task, "the first turned from wrong to right"
+    for task in tasks:
+        if scores(before, task) != scores(after, task):
+            return task, "none turned from wrong to right: the first whose scores changed"
+    return tasks[0], "training changed no score: the first"
+
+
+def _print_side_by_side(run_dir: Path, model: str, topology: str, before: Scores, after: Scores) -> None:
+    """One held-out problem answered greedily by the base model and by the trained one, side by side."""
+    import tempfile
+
+    from workbench.rl.export import export_model
+    from workbench.rl.loop import load_tasks_for
+    from workbench.rl.run_files import run_config
+    from workbench.runs import rollout
+
+    _, held_out = load_tasks_for(run_config(run_dir))
+    if not held_out:
+        return
+    task, why = pick_problem(held_out, before, after)
+    episodes = {}
+    with tempfile.TemporaryDirectory(prefix="workbench-demo-") as tmp:
+        trained = export_model(run_dir, Path(tmp) / "trained")
+        for label, name in (("base model", model), ("trained model", str(trained))):
+            result = rollout(
+                topology, [task], model=name, runs_dir=Path(tmp) / "runs", sampling={"temperature": 0.0}
+            )
+            episodes[label] = result.episodes[0]
+    print(f"\none held-out problem, greedy, before and after training ({why}):")
+    print(f"  {task.question}  (reference {task.answer})")
+    print("\n".join(side_by_side(episodes)))
+
+
+def side_by_side(episodes: Mapping[str, Any]) -> list[str]:
+    """Lines that set episodes in columns (one per label): each role's completions (repeats of the same
+    text counted, ``×4``), the final answer, right or wrong, and each rewarded role's reward."""
+    from workbench.runs import MISSING
+
+    def cell(text: str) -> str:
+        return textwrap.shorten(text.replace("\n", " ").strip() or "(empty)", COLUMN, placeholder="…")
+
+    def completions(episode: Any, role: str) -> list[str]:
+        texts: list[list[Any]] = []  # [text, count] in order, repeats of the one before counted
+        for call in episode.calls:
+            if call.role == role:
+                text = cell(call.completion_text or "")
+                if texts and texts[-1][0] == text:
+                    texts[-1][1] += 1
+                else:
+                    texts.append([text, 1])
+        return [text if n == 1 else f"{text} ×{n}" for text, n in texts]
+
+    def answer(episode: Any) -> str:
+        if episode.status == "error":
+            return cell(f"error: {episode.error}")
+        verdict = MISSING if episode.reward is None else "right" if episode.reward >= 1.0 else "wrong"
+        return cell(f"{episode.answer or '(none)'}: {verdict}")
+
+    def rewards(episode: Any) -> str:
+        by_role: dict[str, list[float]] = {}
+        for call in episode.calls:
+            if call.rewards and "reward" in call.rewards:
+                by_role.setdefault(call.role, []).append(call.rewards["reward"])
+        return cell(", ".join(f"{r} {sum(v) / len(v):.2f}" for r, v in by_role.items()) or MISSING)
+
+    shown = list(episodes.values())
+    roles = list(dict.fromkeys(call.role for episode in shown for call in episode.calls))
+    width = max([len(r) for r in roles] + [len("rewards")]) + 2
+    lines = ["  " + " " * width + "".join(f"{label:{COLUMN + 2}}" for label in episodes).rstrip()]
+    rows: list[tuple[str, list[str]]] = []
+    for role in roles:
+        columns = [completions(episode, role) for episode in shown]
+        for i in range(max(len(c) for c in columns)):
+            rows.append((role if i == 0 else "", [c[i] if i < len(c) else "" for c in columns]))
+    rows += [("answer", [answer(e) for e in shown]), ("rewards", [rewards(e) for e in shown])]
+    for name, cells in rows:
+        lines.append(f"  {name:{width}}" + "".join(f"{c:{COLUMN + 2}}" for c in cells).rstrip())
+    return lines
 
 
 def _report(run_dir: Path, out: Path) -> int:

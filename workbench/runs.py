@@ -24,6 +24,10 @@ from workbench.tasks import Task
 from workbench.topology import Topology, to_dict
 from workbench.topology.spec import with_sampling
 
+#: How a missing value prints in a summary table (a role without a reward): the same in the terminal (the
+#: demo, ``workbench rollout``) and in a notebook.
+MISSING = "-"
+
 
 @dataclass
 class RolloutResult:
@@ -67,6 +71,10 @@ class RolloutResult:
             truncated=("truncated", "mean"),
         )
 
+    def summary_text(self) -> str:
+        """``summary()`` as printed in a terminal: two decimals, ``MISSING`` for a role without a reward."""
+        return self.summary().to_string(float_format=lambda x: f"{x:.2f}", na_rep=MISSING)
+
     def __repr__(self) -> str:
         return (
             f"RolloutResult({len(self.episodes)} episodes, accuracy {self.accuracy:.2f}, "
@@ -74,7 +82,7 @@ class RolloutResult:
         )
 
     def _repr_html_(self) -> str:
-        return f"<p>{self!r}</p>" + self.summary().to_html(float_format=lambda x: f"{x:.2f}")
+        return f"<p>{self!r}</p>" + self.summary().to_html(float_format=lambda x: f"{x:.2f}", na_rep=MISSING)
 
 
 def rollout(

@@ -1,17 +1,47 @@
-"""The rich display of a training run: status, progress and per-role curves as inline SVG (no JS needed).
+"""How a training run shows itself: its progress line per step, and its rich display in a notebook.
 
-Displaying the handle again (or re-running the cell) shows the latest state; the live, streaming
-view is the RewardMonitor widget.
+``progress_line`` is the line the training loop logs for each step (the terminal of ``workbench train``
+and the demo, and the run's ``run.log``). ``run_html`` is the handle's display: status, progress and
+per-role curves as inline SVG (no JS needed); displaying the handle again (or re-running the cell) shows
+the latest state; the live, streaming view is the RewardMonitor widget.
 """
 
 from __future__ import annotations
 
 import html
 import math
+from collections.abc import Mapping
 from typing import Any
 
 CURVES = ("reward/mean", "accuracy", "length/mean")
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf")
+
+
+def progress_line(step: int, metrics: Mapping[str, float], roles: Mapping[str, Mapping[str, float]]) -> str:
+    """One step as the training loop logs it: the reward, then the update's numbers that move.
+
+    The loss of an on-policy GRPO step is a mean of advantages near zero (``0.0000`` to four decimals
+    whatever the model learns), so it is printed in scientific notation, beside the gradient norm and the
+    entropy; the clipped fraction and the KL to the reference appear where they are not zero (several
+    updates per step, ``kl_coef`` > 0). A step without an update says so.
+    """
+    parts = [f"reward {metrics.get('reward/mean', 0.0):.3f}"]
+    if "loss" in metrics:
+        parts.append(f"loss {metrics['loss']:.2e}")
+        if "grad_norm" in metrics:
+            parts.append(f"grad norm {metrics['grad_norm']:#.3g}")
+        if metrics.get("clip_fraction"):
+            parts.append(f"clipped {metrics['clip_fraction']:.1%}")
+        if metrics.get("kl"):
+            parts.append(f"kl {metrics['kl']:.2e}")
+        if not math.isnan(metrics.get("entropy", math.nan)):
+            parts.append(f"entropy {metrics['entropy']:#.3g}")
+    else:
+        parts.append("no update")
+    if "time/step_s" in metrics:
+        parts.append(f"{metrics['time/step_s']:.1f} s")
+    per_role = ", ".join(f"{r} {v['reward/mean']:.2f}" for r, v in roles.items() if "reward/mean" in v)
+    return f"step {step}: {', '.join(parts)}" + (f" (role rewards: {per_role})" if per_role else "")
 
 
 def run_html(run: Any) -> str:
