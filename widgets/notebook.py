@@ -10,8 +10,14 @@ serves those same files at ``/panel-preview/static/``; ``extension()`` points th
 
 The saved notebook then holds a few kilobytes of loader instead of megabytes. Where no Jupyter server with
 Panel's extension renders the notebook (VS Code, a static viewer), use ``pn.extension(inline=True)``.
-Under JupyterHub the server's prefix comes from ``JUPYTERHUB_SERVICE_PREFIX``; Panel's own stylesheets
-for single components still link its CDN, as with ``inline=True`` (offline they fall back to the defaults).
+Under JupyterHub the server's prefix comes from ``JUPYTERHUB_SERVICE_PREFIX``.
+
+Panel links its theme and component stylesheets (``default.css``, ``native.css``, ``button.css``,
+``select.css``, ...) from its CDN in a notebook, even with ``inline=True``; offline they fail and components lose
+their look (the TopologyEditor's canvas nodes their boxes). After ``extension()`` every Panel object a
+notebook displays links them from the same Jupyter server route instead (Panel's own ``resources='server'``
+rendering does the same for ``/panel-preview`` only), including the components it adds later: the page looks
+as it does under ``workbench serve`` and fetches nothing from outside.
 """
 
 from __future__ import annotations
@@ -51,9 +57,37 @@ def _scripts_from_jupyter_server() -> Iterator[None]:
             state.rel_path = rel_path or None
 
 
+def dist_url() -> str:
+    """Where the Jupyter server serves Panel's own files (its ``dist`` directory: CSS, themes, bundles)."""
+    return f"{server_prefix()}/static/extensions/panel/"
+
+
+def _stylesheets_from_jupyter_server() -> None:
+    """Make every Panel object displayed from now on link Panel's stylesheets from the Jupyter server."""
+    import panel.viewable as viewable
+    from panel.io.resources import patch_model_css
+
+    render = viewable.render_mimebundle
+    if getattr(render, "_local_stylesheets", False):
+        return
+
+    def render_with_local_stylesheets(
+        model: Any, doc: Any, comm: Any, manager: Any = None, location: Any = None, resources: str = "cdn"
+    ) -> Any:
+        url = dist_url()
+        patch_model_css(model, dist_url=url)  # the stylesheets of the models rendered now
+        doc._template_variables["dist_url"] = url  # and of those Panel adds to this output later
+        return render(model, doc, comm, manager, location, resources)
+
+    render_with_local_stylesheets._local_stylesheets = True  # type: ignore[attr-defined]
+    viewable.render_mimebundle = render_with_local_stylesheets
+
+
 def extension(*names: str, **params: Any) -> None:
-    """``pn.extension(*names, **params)`` with Bokeh's and Panel's JavaScript loaded from the Jupyter server."""
+    """``pn.extension(*names, **params)`` with Bokeh's and Panel's JavaScript, and Panel's stylesheets, loaded
+    from the Jupyter server."""
     import panel as pn
 
     with _scripts_from_jupyter_server():
         pn.extension(*names, inline=False, **params)
+    _stylesheets_from_jupyter_server()

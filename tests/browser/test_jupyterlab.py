@@ -6,7 +6,10 @@ wired to a Python callback and the run's RunGraph. Chromium opens the notebook a
 JupyterLab's own command; the test then checks what the browser shows: the monitor's plots and current
 step, the slider, the button's round trip through the kernel (the pane's text changes after a click), the
 graph's nodes filled by the Solver's reward with the number on hover, and the fill following the graph's
-step slider, and its play toggle to the next step. Then it writes a new step to the run and the monitor in the page shows it.
+step slider, and its play toggle to the next step; the TopologyEditor's canvas nodes with their own look.
+Then it writes a new step to the run and the monitor in the page shows it. With the four widgets (editor,
+launcher, trajectory browser, monitor) shown, the page requests nothing from any other machine: scripts and
+stylesheets all come from the Jupyter server.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ CELLS = [
     "button.on_click(count)\npn.Row(button, shown)",
     "RunLauncher(RUNS_DIR, mode='rollout', model='tiny')",
     "from widgets.run_graph import RunGraph\npn.Column(RunGraph(RUN_DIR), css_classes=['nb-graph'])",
+    "from widgets import TopologyEditor, TrajectoryBrowser\n"
+    "pn.Column(TopologyEditor('marsrl'), TrajectoryBrowser(RUN_DIR), css_classes=['nb-editor'])",
 ]
 SOLVE = ".nb-graph svg.topology-diagram g.node[data-name='solve']"
 
@@ -94,8 +99,9 @@ def _accept_dialogs(page) -> None:
 
 def test_widgets_render_and_respond_in_jupyterlab(lab, page):
     url, store = lab
-    failed_loads = []
+    failed_loads, requested = [], []
     page.on("requestfailed", lambda request: failed_loads.append(request.url))
+    page.on("request", lambda request: requested.append(request.url))
     loaded_scripts = []  # answered with 200 by the Jupyter server
     page.on("response", lambda response: response.ok and loaded_scripts.append(response.url))
     page.goto(url, wait_until="domcontentloaded")
@@ -145,11 +151,24 @@ def test_widgets_render_and_respond_in_jupyterlab(lab, page):
     # its play toggle moves on to the next step through the kernel's periodic callback
     page.locator(".nb-graph .wb-graph-play button").first.click()
     page.wait_for_selector(f"{SOLVE}[data-value='0.1']", timeout=30_000)
+    # the editor's canvas has its look (its stylesheet, and Panel's theme, served by the Jupyter server)
+    call = page.locator('.nb-editor .react-flow__node[data-id="step:solve"]')
+    call.wait_for(timeout=60_000)
+    assert call.evaluate("(n) => getComputedStyle(n).backgroundColor") == "rgb(232, 240, 254)"
+    assert call.evaluate("(n) => getComputedStyle(n).borderLeftWidth") == "6px", (
+        "the start step's thick border"
+    )
     # a step written now appears in the live monitor
     _step(store, 2)
     page.wait_for_selector('.wb-step[data-step="2"]', timeout=30_000)
     screenshot(page, "jupyterlab-widgets")
-    # widgets.extension() loads every script from the Jupyter server, none from a CDN (Panel still links a
-    # few stylesheets there); the notebook's loader names the server's copies
+    # widgets.extension() loads every script from the Jupyter server, none from a CDN; the notebook's loader
+    # names the server's copies
     assert not [u for u in failed_loads if u.split("?")[0].endswith(".js")], failed_loads
     assert any("/panel-preview/static/js/bokeh" in u for u in loaded_scripts), loaded_scripts
+    # and every stylesheet too: with the four widgets shown, nothing is requested from another machine
+    assert any("/panel-preview/static/extensions/panel/css/" in u for u in loaded_scripts), loaded_scripts
+    outside = [
+        u for u in requested if not u.startswith(("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:"))
+    ]
+    assert outside == [], outside
