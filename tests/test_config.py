@@ -25,6 +25,7 @@ OLD_FLAT = """\
 topology: marsrl
 model: tiny
 backend: hf
+vllm_options: {}
 device: auto
 dtype: auto
 gradient_checkpointing: false
@@ -110,7 +111,7 @@ def test_an_old_flat_config_loads_unchanged_and_is_stored_flat_as_before():
 def test_the_yaml_file_is_nested_by_section_and_reads_back():
     config = TrainConfig.from_yaml(OLD_FLAT)
     data = load_yaml(config.to_yaml())
-    assert list(SECTIONS) == [key for key in data if isinstance(data[key], dict) and key != "task_options"]
+    assert list(SECTIONS) == [key for key in data if isinstance(data[key], dict) and key not in ("task_options", "vllm_options")]
     assert data["optimizer"]["eps"] == 1e-8 and data["rollout"]["steps"] == 2 and data["seed"] == 0
     assert "learning_rate" not in data
 
@@ -161,6 +162,15 @@ def test_a_section_given_whole_is_copied_not_shared():
         ({"optimizer": {"learning_rate": -1.0}}, r"learning_rate must be in \(0, inf\)"),
         ({"loss.clip_low": 2.0}, r"clip_low must be in \[0, 1\)"),
         ({"evaluation": {"eval_every": 2}}, "eval_every needs held-out tasks"),
+        (
+            {
+                "backend": "vllm",
+                "vllm_options": {"enable_sleep_mode": True},
+                "scheduling": {"scheduler": "pipeline"},
+            },
+            "enable_sleep_mode needs the sync scheduler",
+        ),
+        ({"vllm_options": "0.3"}, "vllm_options must be a mapping"),
     ],
 )
 def test_a_bad_nested_config_is_refused_with_the_field_named(data, message):

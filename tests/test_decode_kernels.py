@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workbench.backends.gqa_attention import gqa_sdpa, use_gqa_attention
+from workbench.backends.gqa_attention import gqa_sdpa, grouped_decode_attention, use_gqa_attention
 from workbench.backends.hf_decode import _draw
 
 
@@ -33,6 +33,24 @@ def test_grouped_attention_with_a_padding_mask_equals_sdpa_on_repeated_heads():
     query = torch.randn(batch, kv_heads * 3, length, dim)
     expected, _ = sdpa_attention_forward(_Attention(), query, key, value, None)
     torch.testing.assert_close(gqa_sdpa(_Attention(), query, key, value, None)[0], expected)
+
+
+def test_grouped_decode_attention_equals_sdpa_on_repeated_heads():
+    """The GPU decode step's attention (one query a row, the cache read in place), checked on the CPU."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    torch.manual_seed(1)
+    batch, kv_heads, length, dim = 4, 2, 29, 8
+    query = torch.randn(batch, kv_heads * 3, 1, dim, dtype=torch.float64)
+    key, value = (torch.randn(batch, kv_heads, length, dim, dtype=torch.float64) for _ in range(2))
+    mask = torch.ones(batch, 1, 1, length, dtype=torch.bool)
+    for row in range(batch):
+        mask[row, ..., : 5 * row] = False
+        mask[row, ..., length - row :] = False  # columns a static cache has not written yet
+    expected, _ = sdpa_attention_forward(_Attention(), query, key, value, mask, scaling=0.3)
+    got = grouped_decode_attention(query, key, value, mask, 0.3)
+    assert got.shape == expected.shape == (batch, 1, kv_heads * 3, dim)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
 def test_only_a_model_on_plain_sdpa_is_switched(tmp_path):
@@ -102,3 +120,13 @@ def test_a_shared_prefix_prefilled_once_decodes_what_whole_prompts_do(monkeypatc
     monkeypatch.undo()
     (own_ids, _), calls = run([list(range(200, 243)), *prompts[:2]])  # nothing shared by all: prompts whole
     assert calls[0] == (3, 43) and own_ids[1:] == shared_ids[:2]
+
+
+def test_the_static_decode_refuses_an_attention_that_cannot_read_its_mask():
+    from workbench.backends.hf import HFBackend
+    from workbench.models import load
+
+    model, tokenizer = load("tiny", attn_implementation="eager")
+    with pytest.raises(ValueError, match="attention 'eager' does not"):
+        HFBackend(model, tokenizer, decode="static")
+    assert HFBackend(model, tokenizer).decode_mode == "dynamic"  # auto: dynamic on a CPU (and for eager anywhere)

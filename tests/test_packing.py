@@ -4,7 +4,7 @@ The packed log-probs, entropies and gradients of several samples in one row are 
 references that share no code with ``workbench.rl.packing``: one plain unpadded forward per sample,
 and one right-padded batch forward with an attention mask (the classic path). Both models are
 checked (``tiny`` is a Qwen2, ``smollm2-135m`` a Llama), with sdpa and eager attention, and with
-``use_block_attention`` (``packed_sdpa``: sdpa per sample block; the references then run through its
+``use_block_attention`` (``packed``: one attention call over the row; the references then run through its
 fallback to plain sdpa, so they check that too).
 
 Tolerances. In float64 packing is exact: log-probs and entropies agree to 1e-10 (measured 1e-14 on
@@ -119,7 +119,7 @@ def test_collate_layout():
 def test_collate_rejects_what_it_cannot_pack():
     with pytest.raises(ValueError, match="empty prompt"):
         collate([_sample(0, 3)], [0])
-    with pytest.raises(ValueError, match="mask has 2 entries for 3"):
+    with pytest.raises(ValueError, match="2 mask entries and 3 log-probs for 3"):
         collate([_sample(2, 3, [1, 1])], [0])
     with pytest.raises(ValueError, match="at least one"):
         collate([_sample(2, 3)], [])
@@ -197,9 +197,9 @@ FLOAT32 = [
 FLOAT64 = ["tiny:sdpa:float64", pytest.param("smollm2-135m:sdpa:float64", marks=pytest.mark.slow)]
 # use_block_attention: sdpa per sample's block in a packed row, plain sdpa for everything else
 BLOCKS = [
-    "tiny:packed_sdpa:float32",
-    "tiny:packed_sdpa:float64",
-    pytest.param("smollm2-135m:packed_sdpa:float64", marks=pytest.mark.slow),
+    "tiny:packed:float32",
+    "tiny:packed:float64",
+    pytest.param("smollm2-135m:packed:float64", marks=pytest.mark.slow),
 ]
 
 
@@ -298,7 +298,7 @@ def test_packed_logprobs_equal_unpadded_and_padded_forwards(model):
 @pytest.mark.parametrize("model", FLOAT32, indirect=True)
 def test_packing_without_the_boundaries_would_be_caught(model):
     """The same row with a cache (the config default): transformers skips packed detection and the
-    samples attend to each other. The comparison above would see it. (``packed_sdpa`` splits the row
+    samples attend to each other. The comparison above would see it. (``packed`` attention splits the row
     by its position ids whatever the cache, so it is not checked here.)"""
     samples = _random_samples(model.config.vocab_size, seed=2)
     batch = collate(samples, list(range(len(samples))))
@@ -418,7 +418,7 @@ def test_a_shared_row_needs_block_attention(model):
         token_logprobs(model, batch)
 
 
-@pytest.mark.parametrize("model", [*FLOAT32, "tiny:packed_sdpa:float32"], indirect=True)
+@pytest.mark.parametrize("model", [*FLOAT32, "tiny:packed:float32"], indirect=True)
 def test_empty_and_fully_masked_completions(model):
     vocab = model.config.vocab_size
     samples = _random_samples(vocab, seed=4, n=3)
@@ -466,7 +466,7 @@ def test_packed_batch_to_device_keeps_everything():
 
 
 def test_block_attention_generates_like_sdpa():
-    """Generation (a cache, left padding) takes packed_sdpa's fallback: the same tokens as plain sdpa."""
+    """Generation (a cache, left padding) takes packed attention's fallback: the same tokens as plain sdpa."""
     from workbench.models import load
 
     model, tokenizer = load("tiny")
@@ -482,7 +482,7 @@ def test_block_attention_generates_like_sdpa():
 
 
 def test_block_attention_splits_the_row_by_itself():
-    """packed_sdpa really takes its per-block path: even with a cache, where transformers' own packed
+    """packed attention really takes its per-sample path: even with a cache, where transformers' own packed
     detection is off and plain sdpa leaks across samples, the packed row's log-probs stay exact."""
     from workbench.models import load
 

@@ -191,3 +191,35 @@ def test_the_learning_rate_warms_up_over_optimizer_steps_and_a_resumed_trainer_c
     fresh = PolicyTrainer({"p": copy.deepcopy(model)}, config)
     assert fresh.learning_rate() == pytest.approx(1e-3 / 3)
     assert PolicyTrainer({"p": copy.deepcopy(model)}, OptimConfig(learning_rate=1e-3)).learning_rate() == 1e-3
+
+
+class _SleepyEngine:
+    """What the training loop asks of an engine in sleep mode (vLLM's exists only on a GPU): the calls in order."""
+
+    can_sleep = True
+
+    def __init__(self, calls: list[str]):
+        self.calls = calls
+
+    def sleep(self) -> float:
+        self.calls.append("sleep")
+        return 0.0
+
+    def wake_up(self) -> float:
+        self.calls.append("wake_up")
+        return 0.0
+
+
+def test_engines_in_sleep_mode_sleep_through_the_update_and_wake_even_when_it_fails():
+    from workbench.rl.policies import asleep
+
+    calls: list[str] = []
+    engine = _SleepyEngine(calls)
+    awake = type("Plain", (), {"can_sleep": False})()
+    with asleep({"solver": engine, "verifier": engine, "judge": awake}):  # one engine shared by two policies
+        calls.append("update")
+    assert calls == ["sleep", "update", "wake_up"]
+    calls.clear()
+    with pytest.raises(RuntimeError, match="update failed"), asleep({"solver": engine}):
+        raise RuntimeError("update failed")
+    assert calls == ["sleep", "wake_up"]

@@ -41,7 +41,8 @@ def measure(backend: Any, n_tasks: int, max_tokens: int) -> dict[str, Any]:
     engine = Rollout(topology, backend, max_tokens=max_tokens)
     started = time.perf_counter()
     asyncio.run(engine.run(tasks))  # warm-up: the same shapes for both timed runs
-    print(f"warm-up rollout: {time.perf_counter() - started:.1f} s", flush=True)
+    warmup_s = time.perf_counter() - started
+    print(f"warm-up rollout: {warmup_s:.1f} s", flush=True)
 
     started = time.perf_counter()
     episodes = asyncio.run(engine.run(tasks))
@@ -70,6 +71,7 @@ def measure(backend: Any, n_tasks: int, max_tokens: int) -> dict[str, Any]:
     return {
         "episodes": len(episodes),
         "calls": sum(len(e.calls) for e in episodes),
+        "warmup_s": round(warmup_s, 3),  # the first rollout: kernels chosen, graphs captured
         "engine_s": round(engine_s, 3),
         "raw_s": round(raw_s, 3),
         "engine_tokens": engine_tokens,
@@ -81,9 +83,10 @@ def measure(backend: Any, n_tasks: int, max_tokens: int) -> dict[str, Any]:
     }
 
 
-def profile_decode(backend: Any, n: int, max_tokens: int) -> None:
-    """Print where one batch of ``n`` greedy requests spends its time in the hf backend (torch.profiler, top
-    operators). The batch is decoded in this thread: the profiler records operators of its own thread only."""
+def profile_decode(backend: Any, n: int, max_tokens: int) -> dict[str, Any]:
+    """Where one batch of ``n`` greedy requests spends its time in the hf backend (torch.profiler): prints the
+    top operators, returns tokens/s, the wall, CPU and device seconds and the device's busy share. The batch
+    is decoded in this thread: the profiler records operators of its own thread only."""
     import torch
 
     requests = [
@@ -101,7 +104,17 @@ def profile_decode(backend: Any, n: int, max_tokens: int) -> None:
     print(
         f"profiled decode: {n} x {max_tokens} tokens in {elapsed:.2f} s ({n * max_tokens / elapsed:,.0f} tokens/s)"
     )
-    print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
+    events = profiler.key_averages()
+    print(events.table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
+    device_s = sum(getattr(e, "self_device_time_total", 0) for e in events) / 1e6
+    return {
+        "decode": getattr(backend, "decode_mode", None),
+        "tokens_per_s": round(n * max_tokens / elapsed, 1),
+        "wall_s": round(elapsed, 4),
+        "cpu_s": round(sum(e.self_cpu_time_total for e in events) / 1e6, 4),
+        "device_s": round(device_s, 4),
+        "device_busy": round(device_s / elapsed, 3) if torch.cuda.is_available() else None,
+    }
 
 
 def _device() -> str:
@@ -120,7 +133,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tasks", type=int, default=None)
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--profile", action="store_true", help="first print a profile of one decode batch")
+    parser.add_argument("--profile", action="store_true", help="first profile one decode batch (hf)")
+    parser.add_argument(
+        "--decode", default="auto", choices=["auto", "dynamic", "static"], help="the hf backend's decode loop"
+    )
     args = parser.parse_args(argv)
     model = args.model or ("tiny" if args.quick else "smollm2-135m")
     kinds = args.backends or (["hf"] if args.quick else ["hf", "vllm"])
@@ -133,11 +149,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             shapes.materialize(model, Path(tempfile.mkdtemp(prefix="shape-")) / model, device=_device())
         )
     for kind in kinds:
-        backend = make_backend(kind, served)
+        backend = make_backend(kind, served, **({"decode": args.decode} if kind == "hf" else {}))
         try:
-            if args.profile and kind == "hf":
-                profile_decode(backend, n_tasks, max_tokens)
+            profile = profile_decode(backend, n_tasks, max_tokens) if args.profile and kind == "hf" else None
             results[kind] = measure(backend, n_tasks, max_tokens)
+            if profile:
+                results[kind]["profile"] = profile
         finally:
             backend.close()
     report = {

@@ -19,12 +19,19 @@ bf16 step / fp32 step, and each ``+ckpt`` peak memory and step time / the same v
 ``--model`` takes a shape of ``tests/perf/shapes`` (random weights) or a registry name. ``--lora`` trains
 one LoRA adapter per role (two roles) on the frozen base, stored in the compute dtype. ``--compare-cpu``
 also runs one fp32 step on the CPU and on the device on the same weights and batch (TF32 off) and reports
-the relative difference of the loss and the gradient norm. Results go to tests/perf/results/precision.json.
+the relative difference of the loss and the gradient norm. ``--profile`` runs one more step of each variant
+under torch.profiler and reports the step's CPU time, its device (kernel) time and the share of the wall
+time the device was busy, and prints the operator table. ``--compare-kernels`` scores one packed micro-batch
+with the device's attention path (the varlen kernel on a GPU in bf16) and with the padded sdpa path
+(``packed_attention.forced_path``) in the compute dtype and reports how far their log-probs and gradient
+norms are apart. Results go to
+tests/perf/results/precision.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import resource
@@ -154,6 +161,7 @@ def run_variant(args: argparse.Namespace, variant: str) -> dict[str, Any]:
         _sync(device)
         times.append(time.perf_counter() - started)
     step_s = sum(times) / len(times)
+    profile = profile_step(trainer, samples, device, args.steps + 1) if args.profile else None
     tokens = sum(s.n_tokens for s in samples)
     out = {
         "variant": variant,
@@ -170,7 +178,66 @@ def run_variant(args: argparse.Namespace, variant: str) -> dict[str, Any]:
         flops = model_flops(base, samples, frozen=args.lora) / step_s
         out["tflops"] = round(flops / 1e12, 1)
         out["mfu"] = round(flops / peak, 4) if peak else None
+    if profile:
+        out["profile"] = profile
     return out
+
+
+def profile_step(
+    trainer: Any, samples: list[Sample], device: torch.device, step_index: int
+) -> dict[str, Any]:
+    """One step under torch.profiler: its wall, CPU and device seconds and the share of the wall the device
+    was busy (the sum of kernel times over the wall time); prints the 25 costliest operators by CPU time."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profiler:
+        started = time.perf_counter()
+        trainer.step(samples, step_index=step_index)
+        _sync(device)
+        wall = time.perf_counter() - started
+    events = profiler.key_averages()
+    cpu_s = sum(e.self_cpu_time_total for e in events) / 1e6
+    device_s = sum(getattr(e, "self_device_time_total", 0) for e in events) / 1e6
+    print(events.table(sort_by="self_cpu_time_total", row_limit=25), file=sys.stderr, flush=True)
+    return {
+        "wall_s": round(wall, 4),
+        "cpu_s": round(cpu_s, 4),
+        "device_s": round(device_s, 4),
+        "device_busy": round(device_s / wall, 3) if device.type == "cuda" else None,
+        "operators": sum(e.count for e in events),
+    }
+
+
+def compare_kernels(args: argparse.Namespace) -> dict[str, Any]:
+    """One packed micro-batch (shared prefixes) scored with the device's attention path and the padded one."""
+    from workbench.models.placement import Placement
+    from workbench.rl.packed_attention import attention_path, forced_path
+    from workbench.rl.packing import collate, plan_shared_micro_batches, token_logprobs, use_block_attention
+
+    placement = Placement.resolve(args.device, "bfloat16" if args.device != "cpu" else "float32")
+    model = use_block_attention(load_model(args.model, placement.device, torch.float32))
+    samples = workload(model.config.vocab_size, 16, 64, 48)
+    batch = collate(samples, plan_shared_micro_batches(samples, 4096)[0], share_prefixes=True)
+    batch = batch.to(placement.device)
+    probe = torch.zeros(1, 1, 1, 64, device=placement.device, dtype=placement.dtype)
+    results = {}
+    default = attention_path(probe)  # varlen on a GPU in bf16; loop on a CPU
+    for name, context in (("default", contextlib.nullcontext()), ("padded", forced_path("padded"))):
+        model.zero_grad(set_to_none=True)
+        with context, placement.autocast():
+            logp, _ = token_logprobs(model, batch, 1.0)
+        logp.sum().backward()
+        norm = torch.sqrt(sum(p.grad.float().pow(2).sum() for p in model.parameters() if p.grad is not None))
+        results[name] = (logp.detach().float(), float(norm))
+    return {
+        "default_path": default,
+        "tokens": batch.n_tokens,
+        "shared_tokens": batch.shared_tokens,
+        "max_logprob_difference": float((results["default"][0] - results["padded"][0]).abs().max()),
+        "mean_abs_logprob": float(results["padded"][0].abs().mean()),
+        "grad_norm_rel_diff": abs(results["default"][1] - results["padded"][1]) / results["padded"][1],
+    }
 
 
 def compare_cpu(args: argparse.Namespace) -> dict[str, Any]:
@@ -246,6 +313,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--compare-cpu", action="store_true", help="also: one fp32 step on the CPU and the device"
     )
+    parser.add_argument(
+        "--profile", action="store_true", help="also: one step of each variant under torch.profiler"
+    )
+    parser.add_argument(
+        "--compare-kernels",
+        action="store_true",
+        help="also: the device's attention path against the padded one",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a single variant, in this process
     args = parser.parse_args(argv)
@@ -259,7 +334,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.one:
         print(json.dumps(run_variant(args, args.one)))
         return {}
-    passed = [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--compare-cpu")]
+    passed = [
+        a
+        for a in (argv if argv is not None else sys.argv[1:])
+        if a not in ("--compare-cpu", "--compare-kernels")
+    ]
     variants = {v: _in_own_process(passed, v) for v in args.variants.split(",")}
     report: dict[str, Any] = {
         "benchmark": "precision",
@@ -276,6 +355,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     if args.compare_cpu:
         report["cpu_vs_device_fp32"] = compare_cpu(args)
+    if args.compare_kernels:
+        report["varlen_vs_padded"] = compare_kernels(args)
     report.update({"machine": machine(), "when": now()})
     write_json(args.out, report)
     for name, figures in variants.items():

@@ -220,6 +220,28 @@ def _precision(r: dict) -> list[dict]:
     ]
 
 
+def _train_step(r: dict) -> list[dict]:
+    share = r["schedulers"]["sync"]["phase_share"]
+    out = [
+        headline(
+            "rollout share of a step",
+            share.get("rollout", 0.0),
+            f"rollout seconds / step seconds, sync scheduler, {r['workload']['topology']} on {r['model']}, one "
+            "device (update share: the rest, mostly)",
+        )
+    ]
+    out += [
+        headline(
+            f"{name.removesuffix('_vs_sync')} vs sync (one device)",
+            value,
+            f"trained samples/s of {name.removesuffix('_vs_sync')} / of sync, whole training steps, "
+            f"{r['workload']['topology']} on {r['model']} (> 1 = faster)",
+        )
+        for name, value in r["ratios"].items()
+    ]
+    return out
+
+
 @dataclass(frozen=True)
 class Benchmark:
     """One benchmark of the suite: its module, what it compares, and how to read its headline ratios."""
@@ -256,6 +278,9 @@ BENCHMARKS: dict[str, Benchmark] = {
         "bench_replay", "counterfactual replay against fresh episodes on vLLM", _replay, needs=("vllm",)
     ),
     "backends": Benchmark("bench_backends", "vLLM against transformers", _backends, needs=("vllm",)),
+    "train_step": Benchmark(
+        "bench_train_step", "a whole training step: its phases, pipeline against sync", _train_step
+    ),
 }
 """The suite, in the order it runs. A name ``<benchmark>@<variant>`` (a profile's variant) reads as ``<benchmark>``."""
 

@@ -44,6 +44,7 @@ def test_every_gpu_step_ran(rehearsal):
         "precision@full-mid",
         "precision@full-small",
         "precision@lora-big",
+        "train_step",
         "trainer",
     ]
 
@@ -56,14 +57,30 @@ def test_precision_steps_report_every_variant_and_the_cpu_device_comparison(rehe
     assert set(small["ratios"]) >= {"bf16_vs_fp32_step", "bf16+ckpt_memory_vs_without"}
     same = small["cpu_vs_device_fp32"]
     assert same["grad_norm_rel_diff"] == 0.0  # the CPU against itself: a rehearsal of the code path
+    for figures in small["variants"].values():  # one profiled step each: CPU and device time
+        profile = figures["profile"]
+        assert profile["wall_s"] > 0 and profile["cpu_s"] > 0 and profile["operators"] > 0
+    kernels = small["varlen_vs_padded"]  # on a CPU the loop against the padded path: the same up to rounding
+    assert kernels["default_path"] == "loop" and kernels["shared_tokens"] > 0
+    assert kernels["max_logprob_difference"] < 1e-4 and kernels["grad_norm_rel_diff"] < 1e-4
     lora = rehearsal["precision@lora-big"]
     assert lora["lora"] and all("error" not in v for v in lora["variants"].values())
     full = rehearsal["precision@full-mid"]["variants"]["bf16"]["trainable_parameters"]
     assert lora["variants"]["bf16"]["trainable_parameters"] < full  # adapters only
 
 
+def test_a_whole_training_step_reports_its_phases_under_both_schedulers(rehearsal):
+    step = rehearsal["train_step"]
+    assert set(step["schedulers"]) == {"sync", "pipeline"} and "pipeline_vs_sync" in step["ratios"]
+    for figures in step["schedulers"].values():
+        share = figures["phase_share"]
+        assert share["rollout"] > 0 and share["update"] > 0 and figures["samples_per_s"] > 0
+        assert sum(share.values()) >= 0.99  # the phases and the rest make the step (phases may overlap)
+
+
 def test_trl_and_decode_steps(rehearsal):
     trainer = rehearsal["trainer"]
     assert trainer["dtype"] == "bfloat16" and trainer["workbench_step_s"] > 0 and trainer["trl_step_s"] > 0
     engine = rehearsal["engine"]["backends"]["hf"]
-    assert engine["same_token_counts"] and engine["engine_tokens"] > 0
+    assert engine["same_token_counts"] and engine["engine_tokens"] > 0 and engine["warmup_s"] > 0
+    assert engine["profile"]["decode"] == "static" and engine["profile"]["tokens_per_s"] > 0

@@ -22,7 +22,10 @@ from typing import Any
 from workbench.backends.base import BackendError, Generation, GenerationRequest, cut_at_stop, fit_to_context
 from workbench.backends.gqa_attention import use_gqa_attention
 from workbench.backends.hf_decode import decode
+from workbench.backends.hf_static_decode import STATIC_ATTENTION, StaticDecoder
 from workbench.models.placement import Placement, placement_of
+
+DECODE_MODES = ("auto", "dynamic", "static")
 
 
 class HFBackend:
@@ -38,10 +41,15 @@ class HFBackend:
         dtype: str = "auto",
         device: str = "auto",
         placement: Placement | None = None,
+        decode: str = "auto",
     ):
         """``model``: a registry name or path, loaded on ``device`` in ``dtype`` (``auto``: a GPU in bf16 where
         one exists, else the CPU in fp32); or a model object, decoded where it is, under autocast to
-        ``placement``'s dtype if given (a trainer's fp32 master weights with bf16 compute)."""
+        ``placement``'s dtype if given (a trainer's fp32 master weights with bf16 compute). ``decode``:
+        ``dynamic`` (a growing cache that sheds finished rows: ``hf_decode``), ``static`` (a preallocated cache,
+        one CUDA graph a batch size on a GPU: ``hf_static_decode``) or ``auto`` (static on CUDA, else dynamic)."""
+        if decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {', '.join(DECODE_MODES)}, got {decode!r}")
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if isinstance(model, str | Path):
@@ -59,6 +67,12 @@ class HFBackend:
         use_gqa_attention(self.model).eval()
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
         self.max_batch = max_batch
+        on_gpu = self.model.get_input_embeddings().weight.device.type == "cuda"
+        static_ok = getattr(self.model.config, "_attn_implementation", None) in STATIC_ATTENTION
+        self.decode_mode = ("static" if on_gpu and static_ok else "dynamic") if decode == "auto" else decode
+        self._static: StaticDecoder | None = None
+        if self.decode_mode == "static":
+            self._static = StaticDecoder(self.model, max_batch)  # refuses an attention it cannot feed
         self.policy_version = 0
         self._weights_lock = threading.Lock()  # held while a batch decodes
         self._pending_lock = threading.Lock()
@@ -184,15 +198,26 @@ class HFBackend:
         seeds = [None if r.seed is None else r.seed + k for r in requests for k in range(r.n)]
         device = self.model.get_input_embeddings().weight.device
         with self.placement.autocast():
-            completions, chosen = decode(
-                self.model,
-                self.tokenizer,
-                input_ids.to(device),
-                attention.to(device),
-                rows,
-                self.eos_ids,
-                seeds,
-            )
+            if self._static is not None:
+                completions, chosen = self._static.decode(
+                    self.tokenizer,
+                    input_ids.to(device),
+                    attention.to(device),
+                    rows,
+                    self.eos_ids,
+                    seeds,
+                    adapter=requests[0].adapter,
+                )
+            else:
+                completions, chosen = decode(
+                    self.model,
+                    self.tokenizer,
+                    input_ids.to(device),
+                    attention.to(device),
+                    rows,
+                    self.eos_ids,
+                    seeds,
+                )
         elapsed = time.perf_counter() - started
         generations = []
         for i, r in enumerate(rows):

@@ -42,19 +42,12 @@ def decode(
     """Completion ids and raw log-probs per row of a left-padded batch (one sampling setting), decoded on the
     device ``input_ids`` are on (the model's): the KV cache is made there. ``seeds`` (one per row, or None)
     gives the rows that have one a generator of their own."""
-    from transformers import DynamicCache
-
     first = rows[0]
     ids: list[list[int]] = [[] for _ in rows]
     logprobs: list[list[float]] = [[] for _ in rows]
-    done = _Done(tokenizer, rows, eos_ids)
+    done = Done(tokenizer, rows, eos_ids)
     active = list(range(len(rows)))  # original row index of each row still in the batch
-    cache = DynamicCache()
-    firsts, copy_of = (index.to(input_ids.device) for index in _distinct_rows(input_ids, attention))
-    logits, mask = _prefill(model, input_ids[firsts], attention[firsts], cache)
-    if len(firsts) < len(rows):  # every row gets its prompt's cache and logits
-        cache.batch_select_indices(copy_of)
-        logits, mask = logits[copy_of], mask[copy_of]
+    cache, logits, mask = prefill(model, input_ids, attention)
     position = mask.sum(-1, keepdim=True)  # the next token's: every row's tokens so far, at 0, 1, ...
     generators = _generators(seeds, input_ids.device)
     while True:
@@ -87,6 +80,23 @@ def decode(
 
 #: The shortest prefix shared by every prompt of a batch that is prefilled once for all of them.
 SHARED_PREFIX_MIN = 16
+
+
+def prefill(
+    model: Any, input_ids: torch.Tensor, attention: torch.Tensor
+) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """A left-padded batch's prompts run into a new ``DynamicCache``, each distinct prompt once (rows with the
+    same prompt get copies of its cache and logits); returns the cache, every row's last logits and the
+    attention mask the decode goes on with."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    firsts, copy_of = (index.to(input_ids.device) for index in _distinct_rows(input_ids, attention))
+    logits, mask = _prefill(model, input_ids[firsts], attention[firsts], cache)
+    if len(firsts) < input_ids.shape[0]:  # every row gets its prompt's cache and logits
+        cache.batch_select_indices(copy_of)
+        logits, mask = logits[copy_of], mask[copy_of]
+    return cache, logits, mask
 
 
 def _prefill(
@@ -162,6 +172,12 @@ def _sample(
 ) -> torch.Tensor:
     if request.temperature == 0.0:
         return logits.argmax(-1)
+    return _draw(scores_for(logits, request).softmax(-1), generators)
+
+
+def scores_for(logits: torch.Tensor, request: GenerationRequest) -> torch.Tensor:
+    """fp32 scores to sample from (a positive temperature): logits / temperature, then top-k, then top-p, the
+    tokens left out at -inf."""
     scores = logits.float() / request.temperature
     if request.top_k:
         kth = scores.topk(min(request.top_k, scores.shape[-1]), dim=-1).values[:, -1:]
@@ -172,7 +188,7 @@ def _sample(
         drop = cumulative - ordered.softmax(-1) > request.top_p  # keep the smallest set reaching top_p
         ordered = ordered.masked_fill(drop, float("-inf"))
         scores = torch.full_like(scores, float("-inf")).scatter(-1, order, ordered)
-    return _draw(scores.softmax(-1), generators)
+    return scores
 
 
 def _draw(probs: torch.Tensor, generators: list[torch.Generator | None] | None = None) -> torch.Tensor:
@@ -192,7 +208,7 @@ def _draw(probs: torch.Tensor, generators: list[torch.Generator | None] | None =
     return torch.searchsorted(cdf, u, side="right").squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
-class _Done:
+class Done:
     """Whether a row has finished: its own limit, end-of-sequence (unless ``ignore_eos``), a stop string.
 
     Stop strings are checked on decoded text (transformers' token-string matching can end a row early),

@@ -16,6 +16,13 @@ Weights: ``load_weights(checkpoint_dir)`` reloads the base model in place after 
 (through ``vllm_worker.WorkbenchWorkerExtension``, which also works around a stale tied output layer
 on vLLM's CPU build); ``add_adapter(name, dir)`` registers or refreshes a LoRA adapter.
 
+A GPU shared with the trainer: ``gpu_memory_utilization`` caps the engine's share of the GPU (weights and KV
+cache), and an engine started with ``enable_sleep_mode=True`` (a GPU only) releases its memory in ``sleep()``
+(weights to host memory, KV cache dropped) and takes it back in ``wake_up()``: the training loop puts it to
+sleep for each update (``workbench.rl.policies.asleep``). Not yet measured on a GPU: the machines lent to
+this project have no vLLM CUDA build (``tests/perf/gpu_check.sh`` runs the ``backends`` and ``schedulers``
+benchmarks where one is installed).
+
 Semantics (see ``workbench.backends.base``): prompts go in as token ids, completions come back as the
 engine's token ids with the raw model's log-probs of the sampled tokens (vLLM's default
 ``logprobs_mode="raw_logprobs"``: before temperature, top-k and top-p); a stop string stays in the
@@ -95,11 +102,18 @@ class VLLMBackend:
         seed: int = 0,
         dtype: str | None = None,
         enforce_eager: bool | None = None,
+        enable_sleep_mode: bool = False,
         **engine_kwargs: Any,
     ):
         from workbench.models import resolve
 
         cuda = _cuda_available()
+        if enable_sleep_mode and not cuda:
+            raise BackendError(
+                "enable_sleep_mode needs a GPU: vLLM's sleep mode frees CUDA memory (its CPU build has none to "
+                "free); leave it off on a CPU"
+            )
+        self.can_sleep = enable_sleep_mode  # sleep() / wake_up() release and take back the GPU memory
         if not cuda:
             for key, value in CPU_ENV_DEFAULTS.items():
                 os.environ.setdefault(key, value)
@@ -135,6 +149,7 @@ class VLLMBackend:
             enable_lora=enable_lora,
             seed=seed,
             enforce_eager=(not cuda) if enforce_eager is None else enforce_eager,
+            enable_sleep_mode=enable_sleep_mode,
             disable_log_stats=engine_kwargs.pop("disable_log_stats", True),
             worker_extension_cls=engine_kwargs.pop("worker_extension_cls", WORKER_EXTENSION),
             **lora,
@@ -287,6 +302,43 @@ class VLLMBackend:
                     await self._engine.resume_generation()
             finally:
                 self._ready.set()
+
+    # --- sleep mode (a GPU shared with the trainer) --------------------------------------------
+
+    def sleep(self) -> float:
+        """Release the engine's GPU memory (weights offloaded to host memory, KV cache dropped) once the
+        requests running have finished; new requests wait until ``wake_up``. Returns the seconds it took;
+        does nothing (0.0) on an engine started without ``enable_sleep_mode``."""
+        self._check_open()
+        if not self.can_sleep:
+            return 0.0
+        started = time.perf_counter()
+        self._loop.run(self._sleep())
+        return time.perf_counter() - started
+
+    def wake_up(self) -> float:
+        """Take the GPU memory back (weights reloaded from host memory, KV cache re-allocated) and let waiting
+        requests run. Returns the seconds it took (0.0 without sleep mode)."""
+        self._check_open()
+        if not self.can_sleep:
+            return 0.0
+        started = time.perf_counter()
+        self._loop.run(self._wake_up())
+        return time.perf_counter() - started
+
+    async def _sleep(self) -> None:
+        """Runs on the engine loop: new requests wait (``_ready``) from here until ``_wake_up``."""
+        await self._reloading.acquire()
+        self._ready.clear()
+        await self._idle.wait()
+        await self._engine.sleep(level=1)
+
+    async def _wake_up(self) -> None:
+        try:
+            await self._engine.wake_up()
+        finally:
+            self._ready.set()
+            self._reloading.release()
 
     # --- LoRA adapters ------------------------------------------------------------------------
 

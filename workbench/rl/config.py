@@ -99,6 +99,13 @@ class TrainConfig:
     topology: str = _f("marsrl", "Built-in topology name or path to a YAML/JSON spec.")
     model: str = _f("smollm2-135m", "Model name from the local registry, a local path or a HF checkpoint.")
     backend: str = _f("hf", "Rollout backend: hf (shares the trained model object) or vllm (weights synced).")
+    vllm_options: dict = _f(
+        {},
+        "Options of the vllm backend's engine (backend: vllm), e.g. {gpu_memory_utilization: 0.3, "
+        "enable_sleep_mode: true}: with sleep mode the engine releases its GPU memory (weights to host memory, KV "
+        "cache dropped) during each update and takes it back before the weight sync, so trainer and engine share "
+        "one GPU (a GPU only; sync scheduler).",
+    )
     device: str = _f(
         "auto",
         "Where the policies, KL reference, optimizer state, packed batches and the hf backend live: auto (cuda "
@@ -194,6 +201,13 @@ class TrainConfig:
         problems += [p for p in (device_problem(self.device), dtype_problem(self.dtype)) if p]
         if self.backend not in ("hf", "vllm"):
             problems.append(f"backend must be hf or vllm, got {self.backend!r}")
+        if not isinstance(self.vllm_options, dict):
+            problems.append(f"vllm_options must be a mapping of engine options, got {self.vllm_options!r}")
+        elif self.vllm_options.get("enable_sleep_mode") and self.scheduler != "sync":
+            problems.append(
+                f"vllm_options.enable_sleep_mode needs the sync scheduler (scheduler {self.scheduler!r} rolls out "
+                "while the update runs, when the engine would be asleep)"
+            )
         judge = self.judge_backend
         if isinstance(judge, str) and judge.startswith(("http://", "https://")) and url_hides_secrets(judge):
             problems.append(  # not quoted: it may hold a key, and this config is stored with the run

@@ -27,11 +27,12 @@ from typing import Any
 from workbench.rl import checkpoint
 from workbench.rl.advantages import AdvantageStats, balance, compute_advantages
 from workbench.rl.config import TrainConfig
+from workbench.rl.display import progress_line
 from workbench.rl.evaluation import evaluate
 from workbench.rl.metrics import learning_metrics, rollout_metrics
 from workbench.rl.parts import load_policies, policy_trainer, rollout_engine
 from workbench.rl.phases import StepTimer
-from workbench.rl.policies import PolicySet, per_role_policies
+from workbench.rl.policies import PolicySet, asleep, per_role_policies
 from workbench.rl.run_end import record_end
 from workbench.rl.samples import Sample, from_episodes
 from workbench.rl.scheduling import (
@@ -175,7 +176,9 @@ def setup(run: Run, trainer_for: TrainerFor | None = None, scheduler_for: Schedu
     beside = config.scheduler == "async" or (
         config.scheduler == "pipeline" and overlaps(config.max_staleness, bool(config.segment_len))
     )
-    served = run.policies.backends(config.backend, config.model, own_weights=beside)
+    served = run.policies.backends(
+        config.backend, config.model, own_weights=beside, options=config.vllm_options
+    )
     run.backends = rollout_backends(served, config.segment_len)
     _resume(run)
     run.policies.sync(run.backends, run.run_dir, run.policy_version, config.sync_timeout_s)
@@ -327,7 +330,7 @@ def train_step(run: Run, step: int) -> None:
     if run.eval_tasks and _eval_due(config, step):
         with timer.phase("evaluation"):  # the policy this step rolled out with: before its update
             batch.evaluation, batch.held_out = evaluate(run.greedy, run.eval_tasks, run.scheduler.run)
-    with timer.phase("update"):
+    with timer.phase("update"), asleep(run.backends):  # engines in sleep mode give the GPU to the update
         batch.trained = run.trainer.step(batch.samples, step)
         for model in run.policies.unique_models().values():
             model.eval()
@@ -386,11 +389,7 @@ def _record(run: Run, batch: StepBatch, timer: StepTimer, rollout_busy_s: float)
 
 
 def _log_step(log: Callable[[str], None], step: int, episodes: list[Any], metrics: dict, roles: dict) -> None:
-    per_role = ", ".join(f"{r} {v['reward/mean']:.2f}" for r, v in roles.items() if "reward/mean" in v)
-    log(
-        f"step {step}: reward {metrics.get('reward/mean', 0.0):.3f}, loss {metrics.get('loss', 0.0):.4f}, "
-        f"{metrics['time/step_s']:.1f} s" + (f" (role rewards: {per_role})" if per_role else "")
-    )
+    log(progress_line(step, metrics, roles))
     # an episode's error (a tool that cannot be built, a backend error) must not pass silently
     failed = [e for e in episodes if e.status == "error"]
     if failed:

@@ -32,14 +32,48 @@ __all__ = ["LossConfig", "LossTerms", "policy_loss"]
 
 @dataclass
 class LossTerms:
+    """One micro-batch's loss and the sums the step's metrics are made of.
+
+    ``stats`` holds the sums as one detached tensor on the loss's device, in ``STATS`` order, so a trainer
+    adds them up over its micro-batches without waiting for the device; the named properties read them
+    (each read is a host synchronisation on a GPU).
+    """
+
     loss: torch.Tensor  # this micro-batch's share of the mini-batch loss (sums to the mini-batch loss)
-    tokens: int
-    clipped_low: int
-    clipped_high: int
-    kl_sum: float
-    entropy_sum: float
-    masked_mastered: int
-    ratio_sum: float
+    stats: torch.Tensor  # [len(STATS)] float64, detached
+
+    STATS = ("tokens", "clipped_low", "clipped_high", "kl_sum", "entropy_sum", "masked_mastered", "ratio_sum")
+
+    def _stat(self, name: str) -> float:
+        return float(self.stats[self.STATS.index(name)])
+
+    @property
+    def tokens(self) -> int:
+        return int(self._stat("tokens"))
+
+    @property
+    def clipped_low(self) -> int:
+        return int(self._stat("clipped_low"))
+
+    @property
+    def clipped_high(self) -> int:
+        return int(self._stat("clipped_high"))
+
+    @property
+    def kl_sum(self) -> float:
+        return self._stat("kl_sum")
+
+    @property
+    def entropy_sum(self) -> float:
+        return self._stat("entropy_sum")
+
+    @property
+    def masked_mastered(self) -> int:
+        return int(self._stat("masked_mastered"))
+
+    @property
+    def ratio_sum(self) -> float:
+        return self._stat("ratio_sum")
 
 
 def policy_loss(
@@ -61,9 +95,9 @@ def policy_loss(
     if config.mastered_prob is not None:
         mastered = (advantages > 0) & (old_logps.exp() > config.mastered_prob) & (mask > 0)
         mask = mask * (~mastered).to(mask.dtype)
-        n_mastered = int(mastered.sum())
+        n_mastered = mastered.sum()
     else:
-        n_mastered = 0
+        n_mastered = torch.zeros((), device=logps.device)
     log_ratio = logps - old_logps
     ratio = torch.exp(log_ratio)
     clipped = torch.clamp(ratio, 1 - config.clip_low, 1 + config.clip_high)
@@ -93,13 +127,14 @@ def policy_loss(
         trained = mask > 0
         low = (ratio < 1 - config.clip_low) & (advantages < 0) & trained
         high = (ratio > 1 + config.clip_high) & (advantages > 0) & trained
-        return LossTerms(
-            loss=loss,
-            tokens=int(trained.sum()),
-            clipped_low=int(low.sum()),
-            clipped_high=int(high.sum()),
-            kl_sum=float((kl * mask).sum()) if kl is not None else 0.0,
-            entropy_sum=float((entropy * mask).sum()) if entropy is not None else 0.0,
-            masked_mastered=n_mastered,
-            ratio_sum=float((ratio * mask).sum()),
-        )
+        zero = torch.zeros((), dtype=torch.float64, device=logps.device)
+        sums = [
+            trained.sum(),
+            low.sum(),
+            high.sum(),
+            (kl * mask).sum() if kl is not None else zero,
+            (entropy * mask).sum() if entropy is not None else zero,
+            n_mastered,
+            (ratio * mask).sum(),
+        ]
+        return LossTerms(loss=loss, stats=torch.stack([v.to(torch.float64) for v in sums]))

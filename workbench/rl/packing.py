@@ -23,25 +23,31 @@ silently attend to each other. ``tests/test_packing.py`` checks on ``tiny`` (Qwe
 ``smollm2-135m`` (Llama) that packed log-probs, entropies and gradients equal one-sample-at-a-time
 and right-padded forwards (exactly, in float64).
 
-That masked attention still computes the row's whole T x T: sdpa cannot skip the masked-out blocks
-(flash-attention's varlen kernels on a GPU do). Measured on 2 cores with smollm2-135m, a row of
-8 x 128 tokens costs 1.34x the same tokens as an [8, 128] batch, which eats what dropping the padding
-saves: 20 long-tailed samples under a 1,024-token budget took 18.1 s packed against 17.4 s padded
-(sorted by length) and 20.4 s padded in order (``python -m tests.perf.bench_packing``).
-:func:`use_block_attention` switches a model to ``"packed_sdpa"``, sdpa on each sample's own causal
-block: the 8 x 128 row then costs 1.02x the batch and the 20 samples 13.5 s. Inputs that are not one
-packed row (generation, padded batches) go to plain sdpa unchanged.
+That masked attention still computes the row's whole T x T: sdpa cannot skip the masked-out blocks.
+Measured on 2 cores with smollm2-135m, a row of 8 x 128 tokens costs 1.34x the same tokens as an [8, 128]
+batch, which eats what dropping the padding saves (``python -m tests.perf.bench_packing``).
+:func:`use_block_attention` switches a model to ``"packed"`` attention
+(``workbench.rl.packed_attention``): each layer's attention over the whole row in one call, every sample
+attending to its own tokens only, from a :class:`~workbench.rl.packed_attention.RowLayout` that
+:func:`collate` builds once per micro-batch and :func:`token_logprobs` hands to the forward (so
+transformers builds no mask and nothing is read back from the device per layer). On a GPU in half
+precision that call is FlashAttention's variable-length kernel (``torch.nn.attention.varlen``); elsewhere
+one sdpa over the samples gathered into a padded batch. Inputs that are not one packed row (generation,
+padded batches) go to plain sdpa unchanged.
+
+The LM head runs only at the completion positions, a chunk of rows at a time
+(``workbench.rl.logprob_head``): no ``[N, V]`` logits are kept for the backward pass.
 
 Shared prefixes. A GRPO group's G samples share their prompt, and a few-shot role's prompts share their
 examples: computing (and back-propagating through) each copy is most of a step when prompts are long and
 completions short. With ``share_prefixes`` a sample's tokens that equal the start of the sequence laid
 out just before it are left out of the row: its segment starts at the position where it departs (its
-position ids start there, not at 0), and ``packed_sdpa`` lets that segment attend to those first
-positions of the path it continues. The row is a prefix tree in depth-first order, each segment's first
-position id saying how much of the path before it is its own; log-probs and gradients are those of the
-samples computed one by one (the prefix's activations get the gradients of every sample that reads
-them). Only ``packed_sdpa`` reads a row that way, so :func:`token_logprobs` refuses a shared row on any
-other attention.
+position ids start there, not at 0), and ``packed`` attention lets that segment attend to those first
+positions of the path it continues (the layout's key index). The row is a prefix tree in depth-first
+order, each segment's first position id saying how much of the path before it is its own; log-probs and
+gradients are those of the samples computed one by one (the prefix's activations get the gradients of
+every sample that reads them). Only ``packed`` attention reads a row that way, so :func:`token_logprobs`
+refuses a shared row on any other attention.
 """
 
 from __future__ import annotations
@@ -53,6 +59,8 @@ from typing import Any
 import torch
 
 from workbench.engine.binpack import check_sizes, ffd_pack
+from workbench.rl.logprob_head import chunked_logprobs
+from workbench.rl.packed_attention import RowLayout, packed_attention
 from workbench.rl.samples import Sample
 
 
@@ -122,6 +130,9 @@ class PackedBatch:
     target_ids: torch.Tensor  # [N] the completion token ids
     indices: list[int]  # the samples' indices in the list given to collate
     mask: torch.Tensor  # [N] bool, the samples' ``mask`` concatenated: True where the token trains
+    advantages: torch.Tensor  # [N] float32, each token's sample's advantage
+    engine_logprobs: torch.Tensor  # [N] float32, the samples' ``old_logprobs`` (the engine's) concatenated
+    layout: RowLayout  # the row's segments and the keys each reads (packed_attention)
     shared_tokens: int = 0  # tokens left out of the row because a sample took them from the path before it
 
     @property
@@ -131,11 +142,25 @@ class PackedBatch:
 
     def to(self, device: torch.device | str) -> PackedBatch:
         """The same batch with its tensors on ``device``."""
-        move = {k: getattr(self, k).to(device) for k in _TENSOR_FIELDS}
-        return PackedBatch(**move, indices=list(self.indices), shared_tokens=self.shared_tokens)
+        move = {k: getattr(self, k).to(device, non_blocking=True) for k in _TENSOR_FIELDS}
+        return PackedBatch(
+            **move,
+            indices=list(self.indices),
+            layout=self.layout.to(device),
+            shared_tokens=self.shared_tokens,
+        )
 
 
-_TENSOR_FIELDS = ("input_ids", "position_ids", "sample_index", "completion_positions", "target_ids", "mask")
+_TENSOR_FIELDS = (
+    "input_ids",
+    "position_ids",
+    "sample_index",
+    "completion_positions",
+    "target_ids",
+    "mask",
+    "advantages",
+    "engine_logprobs",
+)
 
 
 def collate(samples: Sequence[Sample], indices: list[int], share_prefixes: bool = False) -> PackedBatch:
@@ -146,7 +171,7 @@ def collate(samples: Sequence[Sample], indices: list[int], share_prefixes: bool 
     first completion token is predicted from the last prompt token.
 
     ``share_prefixes``: a sample's prompt tokens that equal the start of the sample laid out before it
-    are not repeated (see the module docstring); the row then needs ``packed_sdpa`` attention.
+    are not repeated (see the module docstring); the row then needs ``packed`` attention.
     """
     if not indices:
         raise ValueError("a micro-batch needs at least one sample index")
@@ -156,15 +181,17 @@ def collate(samples: Sequence[Sample], indices: list[int], share_prefixes: bool 
     completion_positions: list[int] = []
     targets: list[int] = []
     mask: list[int] = []
+    advantages: list[float] = []
+    engine: list[float] = []
     shared_tokens = 0
     path: list[int] = []
     for k, i in enumerate(indices):
         sample = samples[i]
         prompt, completion = sample.prompt_ids, sample.completion_ids
-        if len(sample.mask) != len(completion):
+        if len(sample.mask) != len(completion) or len(sample.old_logprobs) != len(completion):
             raise ValueError(
-                f"sample {i}: mask has {len(sample.mask)} entries for {len(completion)} completion tokens; "
-                "pass one 0/1 per completion token"
+                f"sample {i}: {len(sample.mask)} mask entries and {len(sample.old_logprobs)} log-probs for "
+                f"{len(completion)} completion tokens; pass one of each per completion token"
             )
         if completion and not prompt:
             raise ValueError(
@@ -183,6 +210,8 @@ def collate(samples: Sequence[Sample], indices: list[int], share_prefixes: bool 
         completion_positions += range(start - 1, start - 1 + len(completion))
         targets += completion
         mask += sample.mask
+        advantages += [sample.advantage] * len(completion)
+        engine += sample.old_logprobs
     if not ids:
         raise ValueError(f"samples {indices} have no tokens at all")
     return PackedBatch(
@@ -193,19 +222,30 @@ def collate(samples: Sequence[Sample], indices: list[int], share_prefixes: bool 
         target_ids=torch.tensor(targets, dtype=torch.long),
         indices=list(indices),
         mask=torch.tensor(mask, dtype=torch.bool),
+        advantages=torch.tensor(advantages, dtype=torch.float32),
+        engine_logprobs=torch.tensor(engine, dtype=torch.float32),
+        layout=RowLayout.from_positions(positions),
         shared_tokens=shared_tokens,
     )
 
 
-BLOCK_ATTENTION = "packed_sdpa"
+BLOCK_ATTENTION = "packed"
+# handed to the decoder as its attention mask on a packed row: a prepared 4-D mask is passed through to the
+# attention function untouched, so transformers builds no [T, T] mask (packed_attention reads the layout)
+_NO_MASK = torch.ones(1, 1, 0, 0, dtype=torch.bool)
 
 
-def _segments(position_ids: torch.Tensor) -> list[int] | None:
-    """Bounds ``[0, start_2, ..., T]`` of the sequences packed in a [1, T] row (a new one wherever the
-    position does not go up by one, transformers' rule); None if the row holds a single sequence."""
-    row = position_ids[0]
-    breaks = ((row[1:] - row[:-1]) != 1).nonzero()[:, 0].add(1).tolist()
-    return [0, *breaks, row.shape[0]] if breaks else None
+def _layout_of(query: torch.Tensor, key: torch.Tensor, position_ids: torch.Tensor | None) -> RowLayout | None:
+    """The layout of a packed row recognised from its position ids alone (batch of one, no cache offset,
+    positions restarting; a host read of the positions), or None for anything else."""
+    if (
+        position_ids is None
+        or query.shape[0] != 1
+        or not query.shape[2] == key.shape[2] == position_ids.shape[-1]
+    ):
+        return None
+    layout = RowLayout.from_positions(position_ids.reshape(-1).tolist())
+    return layout.to(query.device) if layout.segments > 1 or layout.kv_index is not None else None
 
 
 def _block_attention(
@@ -216,60 +256,23 @@ def _block_attention(
     attention_mask: torch.Tensor | None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """sdpa on each packed sequence's own causal block; anything else goes to sdpa as is (``gqa_sdpa``).
+    """A packed row's attention in one call (``packed_attention``); anything else goes to sdpa as is.
 
-    A packed row is recognised from the position ids alone (batch of one, no cache offset, positions
-    restarting), and each block is causal: padding inside a packed row is not supported (``collate``
-    never makes any). A block whose positions start at p > 0 continues the path laid out before it: it
-    also sees that path's first p positions (shared prefixes, module docstring).
+    The row's layout comes with the forward (``row_layout=``, what :func:`token_logprobs` passes) or is
+    read from the position ids. Each segment is causal: padding inside a packed row is not supported
+    (``collate`` never makes any). A segment whose positions start at p > 0 continues the path laid out
+    before it and also sees that path's first p positions (shared prefixes, module docstring).
     """
     from workbench.backends.gqa_attention import gqa_sdpa
 
-    position_ids = kwargs.get("position_ids")
-    bounds = None
-    if (
-        position_ids is not None
-        and query.shape[0] == 1
-        and query.shape[2] == key.shape[2] == position_ids.shape[-1]
-    ):
-        bounds = _segments(position_ids.reshape(1, -1))
-    if bounds is None:
+    layout = kwargs.pop("row_layout", None) or _layout_of(query, key, kwargs.get("position_ids"))
+    if layout is None:
         return gqa_sdpa(module, query, key, value, attention_mask, **kwargs)
-    starts = position_ids.reshape(-1)[bounds[:-1]].tolist()
-    pieces = []
-    # row spans holding positions 0, 1, ... of the path the next segment continues
-    path: list[tuple[int, int]] = []
-    for a, b, start in zip(bounds[:-1], bounds[1:], starts, strict=True):
-        context = _first_positions(path, start)
-        if not context:
-            out = gqa_sdpa(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, **kwargs)
-        else:  # a shared-prefix segment: the path's first ``start`` positions, then its own causal block
-            keys = torch.cat([key[:, :, x:y] for x, y in context] + [key[:, :, a:b]], dim=2)
-            values = torch.cat([value[:, :, x:y] for x, y in context] + [value[:, :, a:b]], dim=2)
-            visible = torch.ones(b - a, start + b - a, dtype=torch.bool, device=query.device).tril(start)
-            out = gqa_sdpa(module, query[:, :, a:b], keys, values, visible[None, None], **kwargs)
-        pieces.append(out[0])
-        path = [*context, (a, b)]
-    return torch.cat(pieces, dim=1), None  # [1, T, heads, head_dim], as sdpa returns
-
-
-def _first_positions(path: list[tuple[int, int]], n: int) -> list[tuple[int, int]]:
-    """The row spans of ``path`` that hold its first ``n`` positions."""
-    out, left = [], n
-    for x, y in path:
-        if left <= 0:
-            break
-        out.append((x, min(y, x + left)))
-        left -= y - x
-    if left > 0:
-        raise ValueError(
-            f"a packed segment starts at position {n} but the path before it has only {n - left}"
-        )
-    return out
+    return packed_attention(query, key, value, layout, scale=kwargs.get("scaling")), None
 
 
 def use_block_attention(model: Any) -> Any:
-    """Switch ``model`` (in place; returned) to ``"packed_sdpa"`` attention: per-sample causal blocks.
+    """Switch ``model`` (in place; returned) to ``"packed"`` attention: one call a layer over a packed row.
 
     Registers the implementation with transformers (once is enough; again is harmless). Results equal
     sdpa's (``tests/test_packing.py``) without computing the masked-out blocks of a packed row. The
@@ -297,21 +300,38 @@ def _check_attention(model: Any) -> None:
         )
 
 
+_LOGIT_SCALES = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def _decoder_and_head(model: Any) -> tuple[Any, torch.nn.Linear] | None:
+    """The model's decoder and its plain linear LM head, or None when the head is anything else (a LoRA
+    layer on the head, logit soft-capping or scaling): those models' logits come from their own forward."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = inner.get_output_embeddings()
+    config = inner.config
+    if type(head) is not torch.nn.Linear or any(getattr(config, a, None) is not None for a in _LOGIT_SCALES):
+        return None
+    return inner.get_decoder(), head
+
+
 def token_logprobs(
     model: Any, batch: PackedBatch, temperature: float = 1.0, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ``[N]`` of the batch's completion tokens under ``model`` (with grad), and entropies ``[N]``.
 
-    Logits are divided by ``temperature`` before the softmax, as the sampler did (TRL does the same).
-    Only the ``N`` completion positions go through the LM head (``logits_to_keep``); half-precision
-    logits are upcast to fp32. A target's log-prob is ``logit - logsumexp``; the full ``[N, V]``
-    log-softmax is built only for the entropy (of the tempered distribution, differentiable: detach it
-    to log it), returned if ``with_entropy``, else None.
+    Logits are divided by ``temperature`` before the softmax, as the sampler did (TRL does the same);
+    half-precision logits are upcast to fp32. A target's log-prob is ``logit - logsumexp``, the entropy
+    that of the tempered distribution (differentiable: detach it to log it), returned if ``with_entropy``,
+    else None. Only the ``N`` completion positions go through the LM head, a chunk of rows at a time
+    (``workbench.rl.logprob_head``: no [N, V] logits kept for the backward pass); a model whose head is not
+    a plain linear layer gets its logits from its own forward (``logits_to_keep``). On ``packed``
+    attention the row's layout goes with the forward and transformers builds no mask.
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 (the sampler's temperature), got {temperature!r}")
     _check_attention(model)
-    if batch.shared_tokens and model.config._attn_implementation != BLOCK_ATTENTION:
+    packed = model.config._attn_implementation == BLOCK_ATTENTION
+    if batch.shared_tokens and not packed:
         raise ValueError(
             f"this row shares {batch.shared_tokens} prefix tokens between samples, which only "
             f"{BLOCK_ATTENTION!r} attention reads (use_block_attention); collate it with share_prefixes=False"
@@ -319,13 +339,22 @@ def token_logprobs(
     device = model.get_input_embeddings().weight.device
     if batch.input_ids.device != device:
         batch = batch.to(device)
-    out = model(
-        input_ids=batch.input_ids,
-        position_ids=batch.position_ids,
-        use_cache=False,  # a cache turns off transformers' packed-sequence detection (module docstring)
-        logits_to_keep=batch.completion_positions,
-    )
-    logits = out.logits[0]  # [N, V]
+    inputs: dict[str, Any] = {
+        "input_ids": batch.input_ids,
+        "position_ids": batch.position_ids,
+        "use_cache": False,  # a cache turns off transformers' packed-sequence detection (module docstring)
+    }
+    if packed:
+        inputs.update(attention_mask=_NO_MASK, row_layout=batch.layout)
+    parts = _decoder_and_head(model)
+    if parts is not None:
+        decoder, head = parts
+        hidden = decoder(**inputs).last_hidden_state[0].index_select(0, batch.completion_positions)
+        logprobs, entropy = chunked_logprobs(
+            hidden, head.weight, batch.target_ids, head.bias, temperature, with_entropy=with_entropy
+        )
+        return logprobs, (entropy if with_entropy else None)
+    logits = model(**inputs, logits_to_keep=batch.completion_positions).logits[0]  # [N, V]
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
     if temperature != 1.0:

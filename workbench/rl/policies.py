@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -115,12 +117,14 @@ class PolicySet:
 
     # ------------------------------------------------------------------ rollout side
 
-    def backends(self, kind: str, model_name: str, own_weights: bool = False) -> dict[str, Any]:
+    def backends(
+        self, kind: str, model_name: str, own_weights: bool = False, options: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """A rollout backend per policy (the same object where policies share one).
 
         hf backends generate with the trained model objects themselves, unless ``own_weights``: then
         each serves a copy that ``sync`` refreshes between batches (a rollout running beside the
-        trainer must never see an update half-applied).
+        trainer must never see an update half-applied). ``options`` go to the vllm backend's engine.
         """
         if kind == "hf":
             from workbench.backends.hf import HFBackend
@@ -138,10 +142,8 @@ class PolicySet:
             raise ValueError(
                 "separate models per policy are served by the hf backend here; use policies: lora"
             )
-        options = (
-            {"max_loras": len(self.names), "max_lora_rank": self.lora_rank} if self.mode == "lora" else {}
-        )
-        engine = make_backend("vllm", model_name, enable_lora=self.mode == "lora", **options)
+        lora = {"max_loras": len(self.names), "max_lora_rank": self.lora_rank} if self.mode == "lora" else {}
+        engine = make_backend("vllm", model_name, enable_lora=self.mode == "lora", **lora, **(options or {}))
         return dict.fromkeys(self.names, engine)
 
     def sync(self, backends: dict[str, Any], run_dir: Path, version: int, timeout: float) -> None:
@@ -222,3 +224,24 @@ def _with_timeout(action: Any, timeout: float, what: str) -> None:
         raise WeightSyncError(f"weight sync to the {what} backend did not finish within {timeout:.0f} s")
     if "error" in outcome:
         raise WeightSyncError(f"weight sync to the {what} backend failed: {outcome['error']}")
+
+
+@contextmanager
+def asleep(backends: dict[str, Any]) -> Iterator[None]:
+    """Inside, the backends that can sleep (a vllm engine started with ``enable_sleep_mode``) have released
+    their device memory (weights to host memory, KV cache dropped); they take it back on the way out, before
+    the weight sync. Backends that cannot sleep are left alone."""
+    sleepers = [
+        b
+        for b in {id(unwrap(b)): unwrap(b) for b in backends.values()}.values()
+        if getattr(b, "can_sleep", False)
+    ]
+    woken = []
+    try:
+        for backend in sleepers:
+            backend.sleep()
+            woken.append(backend)
+        yield
+    finally:
+        for backend in woken:
+            backend.wake_up()

@@ -31,8 +31,9 @@ from workbench.rl.packing import (
 )
 from workbench.rl.samples import Sample
 
-# the step totals each rank adds up over its share (the gradient norm is the same on every rank)
-_SUMMED = ("loss", "tokens", "clipped_low", "clipped_high", "kl", "entropy", "ratio", "mastered")
+# the step totals each rank adds up over its share (the gradient norm is the same on every rank), in the
+# order of the device tensor they are accumulated in: the loss, then LossTerms.STATS
+_SUMMED = ("loss", "tokens", "clipped_low", "clipped_high", "kl", "entropy", "mastered", "ratio")
 
 
 class PolicyTrainer:
@@ -73,6 +74,7 @@ class PolicyTrainer:
             betas=(config.beta1, config.beta2),
             eps=config.eps,
             weight_decay=config.weight_decay,
+            fused=self.placement.device.type == "cuda" or None,  # one kernel for all parameters on a GPU
         )
         self.updates = 0
 
@@ -111,15 +113,18 @@ class PolicyTrainer:
         ref = self._ref_logprobs(trained, mine) if cfg.loss.kl_coef else None
         metrics["time/old_logprobs_s"] = time.perf_counter() - started
         started = time.perf_counter()
-        totals: dict[str, float] = dict.fromkeys(_SUMMED, 0.0)
-        totals["grad_norm"] = 0.0
-        role_sq: dict[str, float] = defaultdict(float)
+        # accumulated on the device, read once after the last update: no host synchronisation in between
+        device = self.placement.device
+        sums = torch.zeros(len(_SUMMED), dtype=torch.float64, device=device)
+        norms = torch.zeros((), dtype=torch.float64, device=device)
+        role_sq: dict[str, torch.Tensor] = {}
         for chosen in batches:
-            self._update(trained, chosen, old, ref, totals, role_sq)
+            norms += self._update(trained, chosen, old, ref, sums, role_sq)
             metrics["optimizer_steps"] += 1
-        summed = torch.tensor([totals[k] for k in _SUMMED], dtype=torch.float64)
+        summed = sums.cpu()
         self.shard.sum_([summed])
-        totals.update(zip(_SUMMED, summed.tolist(), strict=True))
+        totals = dict(zip(_SUMMED, summed.tolist(), strict=True))
+        totals["grad_norm"] = float(norms)
         metrics["time/update_s"] = time.perf_counter() - started
         tokens = max(totals["tokens"], 1.0)
         metrics.update(
@@ -137,7 +142,7 @@ class PolicyTrainer:
                 "trained_tokens": totals["tokens"],
             }
         )
-        norms = {role: math.sqrt(v) for role, v in role_sq.items()}
+        norms = {role: math.sqrt(float(v)) for role, v in role_sq.items()}
         total = sum(norms.values())
         metrics["per_role"] = {
             role: {"grad_norm": norm, "grad_share": norm / total if total else 0.0}
@@ -203,10 +208,11 @@ class PolicyTrainer:
         chosen: list[int],
         old: list[torch.Tensor] | None,
         ref: list[torch.Tensor] | None,
-        totals: dict[str, float],
-        role_sq: dict[str, float],
-    ) -> None:
-        """One optimizer step on the mini-batch ``chosen`` (indices into ``trained``), on this rank's share.
+        sums: torch.Tensor,
+        role_sq: dict[str, torch.Tensor],
+    ) -> torch.Tensor:
+        """One optimizer step on the mini-batch ``chosen`` (indices into ``trained``), on this rank's share;
+        adds the loss and ``LossTerms.stats`` to ``sums`` and returns the gradient norm (device tensors).
 
         Gradients are gathered one role at a time (in the order roles first appear in the mini-batch, the
         same on every rank) and summed over the ranks, so each role's share of the gradient is measured on
@@ -231,16 +237,10 @@ class PolicyTrainer:
                 model.train()
                 with self.placement.autocast():  # backward runs outside, in the dtypes autocast chose
                     logps, entropy = token_logprobs(model, batch, cfg.temperature, with_entropy=True)
-                terms = self._terms(trained, micro, batch, logps, entropy, old, ref, denominator)
+                terms = self._terms(micro, batch, logps, entropy, old, ref, denominator)
                 terms.loss.backward()
-                totals["loss"] += float(terms.loss.detach())
-                totals["tokens"] += terms.tokens
-                totals["clipped_low"] += terms.clipped_low
-                totals["clipped_high"] += terms.clipped_high
-                totals["kl"] += terms.kl_sum
-                totals["entropy"] += terms.entropy_sum
-                totals["ratio"] += terms.ratio_sum
-                totals["mastered"] += terms.masked_mastered
+                sums[0] += terms.loss.detach().to(sums.dtype)
+                sums[1:] += terms.stats
             # this role's gradient (taken out of the parameters, so the next role's starts at zero), summed
             # over the ranks
             part = []
@@ -249,25 +249,28 @@ class PolicyTrainer:
                 part.append(p.grad if p.grad is not None else torch.zeros_like(p))
                 p.grad = None
             self.shard.sum_(part)
-            if roles:  # one device-to-host copy, not one a parameter
-                squares = torch.stack([g.float().pow(2).sum() for g in part]).sum()
-                role_sq[role if measure else roles[0]] += float(squares)
-            gathered = part if gathered is None else [g.add_(q) for g, q in zip(gathered, part, strict=True)]
+            if roles:  # one kernel for all the parameters' norms, read after the step
+                squares = torch.stack(torch._foreach_norm(part)).double().pow(2).sum()
+                key = role if measure else roles[0]
+                role_sq[key] = role_sq[key] + squares if key in role_sq else squares
+            if gathered is None:
+                gathered = part
+            else:
+                torch._foreach_add_(gathered, part)
         self.shard.sum_([touched])
         for k, p in enumerate(self.parameters):  # AdamW leaves a parameter with no gradient alone
             p.grad = gathered[k] if touched[k] > 0 else None
         limit = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
         norm = torch.nn.utils.clip_grad_norm_(self.parameters, limit)
-        totals["grad_norm"] += float(norm)
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.updates += 1
+        return norm.detach().to(torch.float64)
 
     def _terms(
         self,
-        samples: list[Sample],
         micro: list[int],
         batch: Any,
         logps: torch.Tensor,
@@ -276,13 +279,7 @@ class PolicyTrainer:
         ref: list[torch.Tensor] | None,
         denominator: float,
     ) -> LossTerms:
-        chosen = [samples[i] for i in micro]
-        flat = lambda values: torch.tensor(  # noqa: E731 - a one-line local helper
-            [v for s in values for v in s], dtype=logps.dtype, device=logps.device
-        )
-        advantages = flat([[s.advantage] * len(s.completion_ids) for s in chosen])
-        mask = flat([s.mask for s in chosen])
-        engine = flat([s.old_logprobs for s in chosen])
+        engine = batch.engine_logprobs.to(logps.dtype)
         if self.config.loss.old_from_engine:
             old_logps = engine
         elif old is not None:
@@ -293,8 +290,8 @@ class PolicyTrainer:
         return policy_loss(
             logps,
             old_logps,
-            advantages,
-            mask,
+            batch.advantages.to(logps.dtype),
+            batch.mask,
             batch.sample_index,
             len(micro),
             denominator,
