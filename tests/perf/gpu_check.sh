@@ -25,7 +25,8 @@ case "${1:-}" in
     [ "${2:-}" = cpu ] || { echo "usage: $0 [--fetch-wheels | --device cpu]" >&2; exit 2; }
     export PERF_DEVICE=cpu PERF_SMALL=qwen2-mini PERF_MID=qwen2-mini PERF_BIG=qwen2-mini PERF_SAMPLES=8 \
       PERF_PROMPT=32 PERF_COMPLETION=32 PERF_TOKEN_BUDGET=1024 PERF_STEPS=1 PERF_TASKS=4 PERF_MAX_TOKENS=8 \
-      PERF_TRL_SAMPLES=8 PERF_TRL_PROMPT=32 PERF_TRL_COMPLETION=32 PERF_TRAIN_STEPS=2 PERF_TRAIN_BATCH=2
+      PERF_TRL_SAMPLES=8 PERF_TRL_PROMPT=32 PERF_TRL_COMPLETION=32 PERF_TRAIN_STEPS=2 PERF_TRAIN_BATCH=2 \
+      PERF_MID_VARIANTS=bf16 PERF_BIG_VARIANTS=bf16+ckpt  # full-small runs all three: one process each is enough
     OUT_DIR=${GPU_REHEARSAL_OUT:-artifacts/perf/gpu-rehearsal};;
   "") nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || exit 1;;
   *) echo "usage: $0 [--fetch-wheels | --device cpu]" >&2; exit 2;;

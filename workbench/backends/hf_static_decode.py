@@ -286,7 +286,8 @@ class StaticDecoder:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool), _uncached_autocast():
+        # thread_local: a trainer updating on another thread (pipeline, async) does not break the capture
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"), _uncached_autocast():
             self._forward_step(buffers, bucket, request)
         for tensor, before in zip(
             (buffers.visible, buffers.tokens, buffers.positions, buffers.column), saved, strict=True
