@@ -198,26 +198,11 @@ class HFBackend:
         seeds = [None if r.seed is None else r.seed + k for r in requests for k in range(r.n)]
         device = self.model.get_input_embeddings().weight.device
         with self.placement.autocast():
+            args = (self.tokenizer, input_ids.to(device), attention.to(device), rows, self.eos_ids, seeds)
             if self._static is not None:
-                completions, chosen = self._static.decode(
-                    self.tokenizer,
-                    input_ids.to(device),
-                    attention.to(device),
-                    rows,
-                    self.eos_ids,
-                    seeds,
-                    adapter=requests[0].adapter,
-                )
+                completions, chosen = self._static.decode(*args, adapter=requests[0].adapter)
             else:
-                completions, chosen = decode(
-                    self.model,
-                    self.tokenizer,
-                    input_ids.to(device),
-                    attention.to(device),
-                    rows,
-                    self.eos_ids,
-                    seeds,
-                )
+                completions, chosen = decode(self.model, *args)
         elapsed = time.perf_counter() - started
         generations = []
         for i, r in enumerate(rows):

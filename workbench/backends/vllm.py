@@ -309,21 +309,19 @@ class VLLMBackend:
         """Release the engine's GPU memory (weights offloaded to host memory, KV cache dropped) once the
         requests running have finished; new requests wait until ``wake_up``. Returns the seconds it took;
         does nothing (0.0) on an engine started without ``enable_sleep_mode``."""
-        self._check_open()
-        if not self.can_sleep:
-            return 0.0
-        started = time.perf_counter()
-        self._loop.run(self._sleep())
-        return time.perf_counter() - started
+        return self._in_sleep_mode(self._sleep)
 
     def wake_up(self) -> float:
         """Take the GPU memory back (weights reloaded from host memory, KV cache re-allocated) and let waiting
         requests run. Returns the seconds it took (0.0 without sleep mode)."""
+        return self._in_sleep_mode(self._wake_up)
+
+    def _in_sleep_mode(self, work: Any) -> float:
         self._check_open()
         if not self.can_sleep:
             return 0.0
         started = time.perf_counter()
-        self._loop.run(self._wake_up())
+        self._loop.run(work())
         return time.perf_counter() - started
 
     async def _sleep(self) -> None:
