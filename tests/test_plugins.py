@@ -131,7 +131,7 @@ def test_a_background_run_and_its_resume_get_the_notebooks_plugins(notebook_plug
     replayed = wb.replay(run.run_dir, solver, n=1, arms=["resample"])
     assert replayed.arms["resample"][0].calls[0].rewards["reward"] in (0.0, 1.0)
     _forget_notebook_plugins()
-    from widgets.operator_api import start_replay
+    from widgets.replays import start_replay
 
     background = start_replay(run.run_dir, solver, n=1)
     assert background.wait(300) == "finished", background.log()

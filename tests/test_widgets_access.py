@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import logging
 import os
 import time
 
 import pytest
+from tornado.iostream import StreamClosedError
+from tornado.websocket import WebSocketClosedError
 
-from widgets.access import (
+from widgets.server.access import (
     AccessError,
     LoginThrottle,
     PasswordChecks,
@@ -18,10 +22,10 @@ from widgets.access import (
     check_password,
     hash_password,
 )
-from widgets.gate import bad_request
-from widgets.login import safe_next
-from widgets.serve import cookie_secret, is_loopback, serve
-from widgets.sessions import MAX_SESSIONS_PER_USER, Sessions
+from widgets.server.gate import bad_request
+from widgets.server.login import safe_next
+from widgets.server.serve import cookie_secret, is_loopback, quiet_closed_sockets, serve
+from widgets.server.sessions import MAX_SESSIONS_PER_USER, Sessions
 
 
 def test_hashes_verify_only_the_right_password_and_never_hold_it():
@@ -88,6 +92,27 @@ def test_throttle_locks_an_account_and_a_success_forgets_only_its_own_failures()
     assert not throttle.locked("10.0.0.3", "ada", now=1) and len(throttle._recent(1)) == 0
 
 
+def test_throttle_makes_sign_ins_wait_for_checks_under_way_and_refuses_none_for_them():
+    """Checks under way hold the next sign-in back (so parallel guesses never pass the limit), never refuse it."""
+
+    async def burst(throttle: LoginThrottle, attempts: list[tuple[str, bool]]) -> list[str]:
+        async def sign_in(account: str, correct: bool) -> str:
+            if not await throttle.begin("10.0.0.5", account):
+                return "429"
+            await asyncio.sleep(0.005)  # the password check
+            throttle.end("10.0.0.5", account, failed=not correct)
+            return "302" if correct else "401"
+
+        return list(await asyncio.gather(*(sign_in(*attempt) for attempt in attempts)))
+
+    throttle = LoginThrottle(limit=3)
+    team = [(f"user{i}", True) for i in range(20)] + [("ada", True)] * 6  # a team behind one address
+    assert asyncio.run(burst(throttle, team)) == ["302"] * 26
+    guesses = asyncio.run(burst(throttle, [(f"guess{i}", False) for i in range(10)]))
+    assert sorted(guesses) == ["401"] * 3 + ["429"] * 7, "three guesses checked, then locked out"
+    assert throttle.locked("10.0.0.5", "user0") and not throttle._checking
+
+
 def test_password_checks_run_off_the_event_loop_and_refuse_when_too_many_wait(tmp_path):
     add_user(tmp_path / "users.json", "ada", "s3cret-pass", "operator")
     users, checks = Users.load(tmp_path / "users.json"), PasswordChecks(workers=2, waiting=0)
@@ -136,6 +161,19 @@ def test_only_a_same_origin_path_follows_a_sign_in():
         assert bad_request(malformed), malformed
     for arguments in ({"run": [b"\x00"]}, {"bokeh-session-id": [b""]}, {"bokeh-session-id": [b" "]}):
         assert bad_request("/", arguments), arguments
+    for script_breaking in (  # Bokeh writes these unescaped into the script /autoload.js serves
+        {"bokeh-autoload-element": [b'x");alert(1)//']},
+        {"bokeh-autoload-element": [b"x'</script><script>alert(1)</script>"]},
+        {"bokeh-app-path": [b'/"+alert(1)+"']},
+        {"bokeh-absolute-url": [b'http://h/"-alert(1)-"']},
+        {"bokeh-absolute-url": [b"javascript:alert(1)"]},
+    ):
+        assert bad_request("/autoload.js", script_breaking), script_breaking
+    assert not bad_request(
+        "/autoload.js",
+        {"bokeh-autoload-element": [b"p1002"], "bokeh-app-path": [b"/"],
+         "bokeh-absolute-url": [b"http://127.0.0.1:5006/"]},
+    )  # fmt: skip
     assert not bad_request("/static/js/bokeh.min.js") and not bad_request("/api/runs/x.y/stop")
     assert not bad_request("/", {"run": [b"a b"], "bokeh-session-id": [b"AbC123-x_y"]})
 
@@ -168,6 +206,28 @@ def test_sessions_end_at_revoke_and_when_the_users_file_drops_or_changes_the_use
     assert sessions.get(many[0]) is None and sessions.get(many[-1]) is not None, "the oldest ends first"
     expired = Sessions(path, "k" * 40, days=-1)
     assert expired.get(expired.create(expired.users.users["ada"])) is None, "an expired session ends"
+
+
+def test_a_write_to_a_closed_websocket_leaves_no_traceback_and_other_errors_still_do(caplog):
+    """What the server's event loop reports of a write future nobody awaited (Panel leaves some) once the
+    viewer left: nothing for a closed socket, the error with its traceback for anything else."""
+
+    async def fails(error: Exception) -> None:
+        raise error
+
+    loop = asyncio.new_event_loop()
+    quiet_closed_sockets(loop)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="asyncio"):
+            for error in (WebSocketClosedError(), StreamClosedError(), KeyError("a real bug")):
+                task = loop.create_task(fails(error))
+                loop.run_until_complete(asyncio.wait([task]))
+                del task  # collected unretrieved: asyncio reports it to the loop's handler
+                gc.collect()
+    finally:
+        loop.close()
+    assert "Task exception was never retrieved" in caplog.text and "KeyError: 'a real bug'" in caplog.text
+    assert "WebSocketClosedError" not in caplog.text and "StreamClosedError" not in caplog.text
 
 
 def test_sign_in_is_required_beyond_localhost(tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import panel as pn
 import pytest
+from bokeh.models import DataRange1d
 
 import workbench as wb
 from widgets.reward_monitor import QUANTITIES, RewardMonitor
@@ -24,7 +25,7 @@ def test_the_monitor_reads_only_new_complete_steps_per_role(tmp_path):
     store = RunStore.create(tmp_path, config={"kind": "train"})
     _step(store, 0)
     monitor = RewardMonitor(store.run_dir, live=False)
-    assert 'data-step="0"' in monitor._header.object
+    assert 'data-step="0"' in monitor.header
     reward = monitor.feed.series(QUANTITIES[0])
     assert set(reward["label"]) == {"run", "solver", "verifier1"}
     _step(store, 1)
@@ -33,7 +34,7 @@ def test_the_monitor_reads_only_new_complete_steps_per_role(tmp_path):
         step.flush()
         assert monitor.poll() == 8, "only the rows of step 1"
         assert 99.0 not in set(monitor.feed.series(QUANTITIES[0])["value"])
-    assert monitor.poll() == 1 and 'data-step="2"' in monitor._header.object
+    assert monitor.poll() == 1 and 'data-step="2"' in monitor.header
     assert monitor.poll() == 0, "nothing new, nothing read"
     solver = monitor.feed.series(QUANTITIES[0]).query("label == 'solver'")
     assert solver["step"].tolist() == [0, 1, 2] and solver["value"].tolist() == pytest.approx(
@@ -100,26 +101,40 @@ def test_a_background_rollout_stops_when_asked(tmp_path):
         wb.rollout("marsrl", tasks, backend=object(), runs_dir=tmp_path, background=True)
 
 
-def _figures(root) -> list:
-    from bokeh.models import Plot
+def test_each_monitor_panel_has_its_own_y_axis_and_one_without_signal_is_left_out(tmp_path):
+    from workbench.topology import load, to_dict
 
-    return list(root.select({"type": Plot}))
-
-
-def test_each_monitor_panel_has_its_own_y_axis(tmp_path):
-    store = RunStore.create(tmp_path, config={"kind": "train"})
+    store = RunStore.create(tmp_path, config={"kind": "rollout", "topology": to_dict(load("marsrl_cpu"))})
     _step(store, 0)
     with store.step(1) as step:
         step.log_metrics({"reward/mean": 0.2, "length/mean": 40.0, "grad_share": 0.5}, role="solver")
     monitor = RewardMonitor(store.run_dir, live=False)
-    figures = _figures(pn.panel(monitor).get_root())
-    assert len(figures) == len(QUANTITIES)
-    assert len({id(f.y_range) for f in figures}) == len(figures), "no two panels share a y range"
+    figures = monitor.figures()
     by_title = {f.title.text: f for f in figures}
-    reward, length = by_title["reward"].y_range, by_title["response length (tokens)"].y_range
-    assert reward.end < 1.5 < 30 < length.end, "reward is not drawn on the token lengths' scale"
+    tools = "tool calls per call"
+    assert len(figures) == len(QUANTITIES) - 1 and tools not in by_title, "marsrl_cpu has no tools"
+    assert len({id(f.y_range) for f in figures}) == len(figures), "no two panels share a y range"
+    # each y axis fits the lines of its own plot only (the browser fits a DataRange1d as points stream in):
+    # reward is not drawn on the token lengths' scale; the step axes are one range, linked
+    assert all(isinstance(f.y_range, DataRange1d) and f.y_range.renderers in ("auto", []) for f in figures)
+    assert len({id(f.x_range) for f in figures}) == 1
+    lengths = by_title["response length (tokens)"].renderers[0].data_source.data["value"]
+    assert max(by_title["reward"].renderers[0].data_source.data["value"]) < 1.5 < 30 < max(lengths)
+    for title in by_title:  # what a page draws: the same plots, from the run's template
+        assert f'"text": "{title}"' in monitor.template().item
     monitor.close()
     store.close()
+    from widgets import reward_monitor
+    from workbench.rl.run_files import TOPOLOGY_FILE
+
+    assert reward_monitor.TOPOLOGY_FILE == TOPOLOGY_FILE, "the monitor looks for the file training writes"
+    for name, config in (("tools", {"topology": "mars_cpu"}), ("unknown", {"topology": "no-such-spec"})):
+        other = RunStore.create(tmp_path, config={"kind": "train", **config}, run_id=name)
+        _step(other, 0)
+        shown = RewardMonitor(other.run_dir, live=False)
+        assert tools in [q.title for q in shown.quantities], f"{name}: the tool calls are plotted"
+        shown.close()
+        other.close()
 
 
 def test_the_accuracy_panel_shows_each_roles_accuracy_without_held_out_evaluation(tmp_path):
@@ -173,7 +188,7 @@ def test_the_dashboard_offers_stop_only_on_active_runs_and_shows_a_failed_runs_e
     text = _texts(dashboard.run_view)
     assert stops() == [] and "CUDA out of memory on step 3" in text and "first try" not in text
     monitor = RewardMonitor(failed.run_dir, live=False)  # the run's own status view says it too
-    assert "(failed)" in monitor._header.object and "CUDA out of memory on step 3" in monitor._header.object
+    assert "(failed)" in monitor.header and "CUDA out of memory on step 3" in monitor.header
     monitor.close()
     for view in dashboard._views:
         view.close()

@@ -35,7 +35,7 @@ def test_twenty_monitors_of_a_run_read_the_store_once_per_change(tmp_path):
     _step(store, 1)
     assert [m.poll() for m in monitors] == [3] * 20, "each monitor gets the new rows"
     assert shared.queries == reads + 1, "one read for all twenty"
-    assert all('data-step="1"' in m._header.object for m in monitors)
+    assert all('data-step="1"' in m.header for m in monitors)
     solver = monitors[-1].feed.series(QUANTITIES[0]).query("label == 'solver'")
     assert solver["value"].tolist() == pytest.approx([0.0, 0.2])
     assert monitors[0].feed.series(QUANTITIES[0]) is monitors[1].feed.series(QUANTITIES[0]), "computed once"
@@ -49,18 +49,50 @@ def test_twenty_monitors_of_a_run_read_the_store_once_per_change(tmp_path):
     store.close()
 
 
-def test_a_poll_sends_only_the_plots_that_changed(tmp_path):
+def test_plots_are_drawn_once_per_run_and_a_poll_sends_each_view_only_the_new_points(tmp_path):
+    store = RunStore.create(tmp_path, config={"kind": "train"})
+    _step(store, 0)
+    monitors = [RewardMonitor(store.run_dir, live=False) for _ in range(2)]
+    for monitor in monitors:
+        pn.panel(monitor).get_root()
+    first, second = (monitor.views[0] for monitor in monitors)
+    assert first.template is second.template, "the plots are drawn once for every view of the run"
+    assert first.plots.item == first.template.item and '"0:solver"' in first.template.item
+    assert first.sent == {"0:run": 1, "0:solver": 1, "2:solver": 1}, "what the drawn layout holds"
+    sent: list[dict] = []  # the messages to the first view's page
+    first.plots._send_msg = sent.append
+    header = monitors[0].header
+    assert monitors[0].poll() == 0 and sent == [] and monitors[0].header == header
+    with store.step(1) as step:
+        step.log_metrics({"length/mean": 9.0}, role="solver")
+    assert monitors[0].poll() == 1 and 'data-step="1"' in monitors[0].header
+    assert first.header.text == monitors[0].header, "the page's header follows"
+    assert sent == [{"tails": {"2:solver": [1, [1], [9.0]]}}], "only the new point, after the one it has"
+    assert monitors[0].poll() == 0 and len(sent) == 1
+    with store.step(2) as step:  # a label seen for the first time: the plots are drawn again, once
+        step.log_metrics({"length/mean": 3.0}, role="verifier1")
+    monitors[0].poll()
+    assert [list(m) for m in sent[1:]] == [["item"]] and '"2:verifier1"' in sent[1]["item"]
+    monitors[1].poll()
+    assert second.template is first.template and second.sent == first.sent
+    first.plots._asked({"resync": True})  # a page that missed a message asks to be drawn again
+    monitors[0].poll()
+    assert [list(m) for m in sent[2:]] == [["item"]] and not first.plots.resync
+    for monitor in monitors:
+        monitor.close()
+    store.close()
+
+
+def test_served_plots_are_drawn_on_a_worker_not_on_the_event_loop(tmp_path):
+    from widgets import reward_monitor
+
     store = RunStore.create(tmp_path, config={"kind": "train"})
     _step(store, 0)
     monitor = RewardMonitor(store.run_dir, live=False)
-    sent: list[str] = []
-    for title, pipe in monitor._pipes.items():
-        pipe.add_subscriber(lambda title=title, **_: sent.append(title))
-    header = monitor._header.object
-    assert monitor.poll() == 0 and sent == [] and monitor._header.object == header
-    with store.step(1) as step:
-        step.log_metrics({"length/mean": 9.0}, role="solver")
-    assert monitor.poll() == 1 and sent == ["response length (tokens)"]
+    assert monitor.template(wait=False) is None, "the first is being drawn, not waited for"
+    reward_monitor._DRAWER.submit(lambda: None).result(timeout=60)  # one worker: it has drawn it by now
+    drawn = monitor.template(wait=False)
+    assert drawn is not None and '"0:solver"' in drawn.item and monitor.template(wait=False) is drawn
     monitor.close()
     store.close()
 
@@ -104,22 +136,36 @@ def test_the_dashboard_builds_the_trajectory_browser_when_its_tab_is_opened(tmp_
     store.close()
 
 
-def test_the_dashboard_patches_only_the_runs_table_cells_that_changed(tmp_path):
+def test_the_dashboard_patches_only_the_runs_table_cells_that_changed(tmp_path, monkeypatch):
+    from widgets import dashboard as module
     from widgets.dashboard import Dashboard
 
     runs = tmp_path / "runs"
     store = RunStore.create(runs, config={"kind": "train"}, run_id="live")
     other = RunStore.create(runs, config={"kind": "train"}, run_id="other")
-    dashboard = Dashboard(runs, role="viewer")
+    monkeypatch.setattr(module, "PROGRESS_S", 3600.0)  # a run's progress waits for the next hour
+    dashboards = [Dashboard(runs, role="viewer") for _ in range(2)]
     patches: list[dict] = []
-    original = dashboard.table.patch
-    dashboard.table.patch = lambda changes, **kw: patches.append(changes) or original(changes, **kw)
+    for dashboard in dashboards:
+        original = dashboard.table.patch
+        dashboard.table.patch = lambda changes, _o=original, **kw: (
+            patches.append(changes) or _o(changes, **kw)
+        )
     _step(store, 0)
-    dashboard.refresh()
-    assert [sorted(p) for p in patches] == [["last_step"]], "calls stay 0: the steps stored no calls"
-    row = dashboard.table.value.set_index("id").loc["live"]
-    assert row["last_step"] == 0
-    dashboard.refresh()
-    assert len(patches) == 1, "nothing changed, nothing sent"
+    dashboards[0].refresh()
+    assert patches == [], "progress alone waits for PROGRESS_S"
+    store.set_status("running")
+    for dashboard in dashboards:
+        dashboard.refresh()
+    assert [sorted(p) for p in patches] == [["last_step", "status"]] * 2, "calls stay 0: no calls stored"
+    assert patches[0] is patches[1], "found once for both sessions"
+    row = dashboards[0].table.value.set_index("id").loc["live"]
+    assert row["last_step"] == 0 and row["status"] == "running"
+    monkeypatch.setattr(module, "PROGRESS_S", 1e-9)
+    _step(store, 1)
+    dashboards[0].refresh()
+    assert patches[-1] == {"last_step": [(1, 1)]}, "row 1 (newest first), step 1"
+    dashboards[0].refresh()
+    assert len(patches) == 3, "nothing changed, nothing sent"
     for s in (store, other):
         s.close()

@@ -197,6 +197,20 @@ def test_refresh_shows_the_steps_of_a_run_being_written(tmp_path):
     browser.refresh()
     assert browser.step == 0 and 2 in browser._step_select.options.values()
     assert "verifier1" in browser._role_select.options
+    following = TrajectoryBrowser(store.run_dir)
+    with store.step(3) as step:  # a finished run's last step: its final held-out evaluation, no episodes
+        step.log_metrics({"eval/accuracy": 0.5, "final_eval": 1.0})
+    following.refresh()
+    opened = TrajectoryBrowser(store.run_dir)
+    for shown in (following, opened):
+        assert shown.step == 2 and shown._table.value["task_id"].tolist() == ["c"], (
+            "the last step with episodes"
+        )
+        assert 3 in shown._step_select.options.values(), "the evaluation-only step can still be chosen"
+    opened.show_role("verifier1", step=3)  # a click on the graph at the evaluation-only step
+    assert opened.step == 2 and opened.episode is not None, "the role's calls at the last step with episodes"
+    for shown in (following, opened):
+        shown.close()
     root = pn.panel(browser).get_root()  # live: displaying it starts the periodic refresh
     assert root is not None and browser._callback is not None
     browser.close()
@@ -220,8 +234,8 @@ def test_a_real_rollout_browses_with_decoded_tokens(tmp_path):
 
 
 def test_show_role_opens_that_roles_calls_and_the_replay_form_says_what_cannot_be_replayed(run):
-    from widgets.operator_api import start_replay
     from widgets.replay_form import ReplayForm
+    from widgets.replays import start_replay
 
     run_dir, reader = run
     form = ReplayForm(lambda call, n, policy: start_replay(run_dir, call, n, policy))
@@ -290,7 +304,7 @@ def test_a_form_follows_one_replay_at_a_time_and_the_server_runs_at_most_max_act
     import multiprocessing
     import time
 
-    from widgets import operator_api
+    from widgets import replays
     from widgets.replay_form import ReplayForm
     from workbench.training import BackgroundRun
 
@@ -317,16 +331,16 @@ def test_a_form_follows_one_replay_at_a_time_and_the_server_runs_at_most_max_act
     replay_run.close()
 
     # the server's cap counts the replays it started whose process still runs, whoever asked for them
-    monkeypatch.setattr(operator_api, "MAX_ACTIVE_REPLAYS", 1)
+    monkeypatch.setattr(replays, "MAX_ACTIVE_REPLAYS", 1)
     busy = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,))
     busy.start()
     try:
-        monkeypatch.setattr(operator_api, "_started", [BackgroundRun(tmp_path / "running-replay", busy)])
-        with pytest.raises(operator_api.TooManyReplays, match="running-replay.*at most 1 at once"):
-            operator_api.start_replay(run_dir, 1, 2)
+        monkeypatch.setattr(replays, "_started", [BackgroundRun(tmp_path / "running-replay", busy)])
+        with pytest.raises(replays.TooManyReplays, match="running-replay.*at most 1 at once"):
+            replays.start_replay(run_dir, 1, 2)
     finally:
         busy.terminate()
         busy.join(10)
     with pytest.raises(ValueError, match="no call 999"):  # past the cap: the request's own checks run
-        operator_api.start_replay(run_dir, 999, 2)
-    assert operator_api.active_replays() == []
+        replays.start_replay(run_dir, 999, 2)
+    assert replays.active_replays() == []

@@ -3,9 +3,10 @@
     from widgets import TopologyEditor, RunLauncher, TrajectoryBrowser, RewardMonitor, Dashboard
 
 Each is a ``pn.viewable.Viewer``: display it in a notebook cell (after ``widgets.extension()``, which loads
-Panel's JavaScript from the Jupyter server: see widgets.notebook) or serve it;
-``workbench serve RUNS_DIR`` serves the Dashboard with sign-in (see widgets.serve). Imports are lazy, so
-``import widgets`` does not load Panel.
+Panel's JavaScript from the Jupyter server: see widgets.notebook) or serve it. The served application, what
+``workbench serve RUNS_DIR`` runs (the Dashboard behind sign-in, sessions, the gate and the operator API), is
+in ``widgets.server``; these views never import it. Imports are lazy, so ``import widgets`` does not load
+Panel.
 """
 
 from __future__ import annotations

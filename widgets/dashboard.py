@@ -9,15 +9,16 @@ click on a node of the graph opens the Trajectories tab on that role's calls at 
 running) a Stop button for it, and under an open episode the trajectory browser's "Replay from this
 call" form (a background ``wb.replay``; the replay run appears in the runs table like any run, and the
 form links to it); a viewer's page holds none of them (and the server refuses a viewer's launch, stop
-or replay request however it is sent, see ``widgets.operator_api`` and ``RunLauncher.can_operate``).
+or replay request however it is sent, see ``widgets.server.operator_api`` and ``RunLauncher.can_operate``).
 Apart from those operator actions, the dashboard only reads the run store.
 
 Many sessions cost about one: the runs list and each run's metrics, step and status are read once per
 change for all sessions of the process (``widgets.shared_poll``), a session sends its page only what
-changed, and a new session's page is cheap: the runs list, the selected run's header and monitor header
-come first; a run opened by the page's link (``/?run=``) sends its monitor's plots a moment later (after
-any burst of other new sessions got their pages),
-and the trajectory browser is built, and reads the store, when its tab is first opened.
+changed, and a new session's page is cheap: the runs list, the selected run's header and its Curves tab,
+whose plots are drawn once per run and sent as data (``widgets.reward_monitor``); the trajectory browser,
+the graph and the config are built, and read the store, when their tab is first opened. Served, a session
+polls nothing until its page is drawn (BokehJS's ``document_ready``: the periodic callbacks start then),
+and its views are closed (their readers too) when the session ends.
 
 CSS classes a browser test can find: ``wb-dashboard``, ``wb-runs`` (the runs table), ``wb-run-view``
 (the selected run's tabs), ``wb-role`` (the signed-in role), ``wb-stop-run`` (operators only, active
@@ -26,6 +27,8 @@ runs only), ``wb-run-status`` and ``wb-run-error`` (the selected run's status an
 
 from __future__ import annotations
 
+import html
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,16 +36,20 @@ from typing import Any
 import pandas as pd
 import panel as pn
 
+from widgets.live import periodic
 from widgets.reward_monitor import RewardMonitor
 from widgets.run_launcher import RunLauncher
 from widgets.run_status import is_active, status_html
-from widgets.shared_poll import RUN_COLUMNS, runs_version
+from widgets.shared_poll import RUN_COLUMNS, runs_versions, table_changes
 from widgets.shared_poll import runs_table as shared_runs_table
 
 __all__ = ["RUN_COLUMNS", "Dashboard", "runs_table"]
 
 #: The run view's tabs that are built when first shown.
-TRAJECTORIES, GRAPH = 1, 2
+TRAJECTORIES, GRAPH, CONFIG = 1, 2, 3
+#: The runs table's columns that move with every step of a running run: sent at most every PROGRESS_S
+#: (new runs and status changes at the next tick; the selected run's header shows each step as it comes).
+PROGRESS, PROGRESS_S = frozenset({"last_step", "calls"}), 5.0
 
 
 def runs_table(runs_dir: Path) -> pd.DataFrame:
@@ -50,14 +57,6 @@ def runs_table(runs_dir: Path) -> pd.DataFrame:
 
     Shared by every session (``widgets.shared_poll``): a run's row is read again only when it changed."""
     return shared_runs_table(runs_dir).copy()
-
-
-def _differs(new: pd.DataFrame, old: pd.DataFrame, column: str, row: int) -> bool:
-    """Whether a cell of the runs table changed (missing values equal each other)."""
-    a, b = new[column].iloc[row], old[column].iloc[row]
-    if pd.isna(a) or pd.isna(b):
-        return not (pd.isna(a) and pd.isna(b))
-    return bool(a != b)
 
 
 class Dashboard(pn.viewable.Viewer):
@@ -77,9 +76,12 @@ class Dashboard(pn.viewable.Viewer):
         self.operator = role == "operator"
         self.can_operate = can_operate or (lambda: self.operator)
         self.refresh_ms = refresh_ms
-        self._runs_version = runs_version(self.runs_dir)
+        self._runs_version, self._structure = runs_versions(self.runs_dir)
+        self._graph_version = self._runs_version
+        self._runs_frame = shared_runs_table(self.runs_dir)  # the shared list the table shows (never changed)
+        self._progress_bucket = int(time.monotonic() // PROGRESS_S)
         self.table = pn.widgets.Tabulator(
-            runs_table(self.runs_dir),
+            self._runs_frame.copy(),  # the table changes its own frame when patched
             selectable=1,
             disabled=True,
             show_index=False,
@@ -90,7 +92,7 @@ class Dashboard(pn.viewable.Viewer):
         )
         self.table.param.watch(self._select, "selection")
         self.run_view = pn.Column(
-            pn.pane.Markdown("Select a run."), css_classes=["wb-run-view"], sizing_mode="stretch_width"
+            pn.pane.HTML("<p>Select a run.</p>"), css_classes=["wb-run-view"], sizing_mode="stretch_width"
         )
         self.selected: Path | None = None
         self._status: str | None = None
@@ -99,45 +101,40 @@ class Dashboard(pn.viewable.Viewer):
         self._tabs: pn.Tabs | None = None
         self._browser: Any = None
         self._graph: Any = None
-        self._trajectories = self._graph_view = pn.Column()
+        self._trajectories = self._graph_view = self._config_view = pn.Column()
         self._callback = None
-        self._shown = False
 
     # ------------------------------------------------------------------ behaviour
     def refresh(self, min_interval: float = 0.0) -> None:
         """Re-read the runs list, keeping the selected run selected (``min_interval``: reuse the shared
-        list if any session read it less than that many seconds ago). Nothing is sent if nothing changed."""
-        version = runs_version(self.runs_dir, min_interval)
-        if version == self._runs_version:
+        list if any session read it less than that many seconds ago). Nothing is sent if nothing changed;
+        otherwise only the cells that changed, found once for all the sessions that showed the same lists: a
+        run appearing, going or changing status at once, a run's progress at most every PROGRESS_S."""
+        version, structure = runs_versions(self.runs_dir, min_interval)
+        if version != self._graph_version and self._graph is not None:
+            self._graph_version = version
+            self._graph.refresh(min_interval)  # a graph opened on a running run follows its new steps
+        bucket = int(time.monotonic() // PROGRESS_S)
+        if version == self._runs_version or (
+            structure == self._structure and bucket == self._progress_bucket
+        ):
             return
-        self._runs_version = version
-        if self._graph is not None:  # a graph opened on a running run follows its new steps
-            self._graph.refresh(min_interval)
-        frame = runs_table(self.runs_dir)
-        current = self.table.value
-        if frame.equals(current):
+        self._runs_version, self._structure, self._progress_bucket = version, structure, bucket
+        frame = shared_runs_table(self.runs_dir)
+        changes = table_changes(self._runs_frame, frame)
+        self._runs_frame = frame
+        if changes is None:  # other runs, or a cell emptied (a run became unreadable): the whole table
+            self.table.value = frame.copy()
+        elif changes:
+            self.table.patch(changes)  # a run's last step, calls, status
+        else:
             return
         selected = self.selected.name if self.selected else None
-        if list(frame["id"]) == list(current["id"]) and list(frame.columns) == list(current.columns):
-            # the same runs: send only the cells that changed (a run's last step, calls, status)
-            changes = {
-                column: [
-                    (i, frame[column].iloc[i])
-                    for i in range(len(frame))
-                    if _differs(frame, current, column, i)
-                ]
-                for column in frame.columns
-            }
-            changed = {c: v for c, v in changes.items() if v}
-            if any(pd.isna(value) for cells in changed.values() for _, value in cells):
-                self.table.value = frame  # a cell emptied (a run became unreadable): send the table
-            else:
-                self.table.patch(changed)
-        else:
-            self.table.value = frame
-        if selected in set(frame["id"]):
-            self.table.selection = [int(frame.index[frame["id"] == selected][0])]
-            if frame.loc[frame["id"] == selected, "status"].iloc[0] != self._status:
+        ids = list(frame["id"])
+        if selected in ids:
+            row = ids.index(selected)
+            self.table.selection = [row]
+            if frame["status"].iloc[row] != self._status:
                 self._show_status()
 
     def open_run(self, run_id: str) -> None:
@@ -154,20 +151,18 @@ class Dashboard(pn.viewable.Viewer):
         ids = list(self.table.value["id"])
         if run_id in ids:  # opened by a link or a button: the runs table shows it selected
             self.table.selection = [ids.index(run_id)]
-        # a run opened by the page's link (before the page is first shown) sends its plots after the
-        # page; a run opened by a click in a shown page, at once
-        monitor = RewardMonitor(
-            run_dir, interval_ms=max(self.refresh_ms // 2, 100), show_error=False, defer_plots=not self._shown
-        )
+        monitor = RewardMonitor(run_dir, interval_ms=self.refresh_ms, show_error=False)
         self._views = [monitor]
         self._browser = self._graph = None
-        self._trajectories = pn.Column(pn.pane.Markdown("Loading…"), sizing_mode="stretch_width")
-        self._graph_view = pn.Column(pn.pane.Markdown("Loading…"), sizing_mode="stretch_width")
+        # empty until their tab is first opened (each Panel object a page holds costs the server to build)
+        self._trajectories = pn.Column(sizing_mode="stretch_width")
+        self._graph_view = pn.Column(sizing_mode="stretch_width")
+        self._config_view = pn.Column(sizing_mode="stretch_width")
         self._tabs = pn.Tabs(
             ("Curves", monitor),
             ("Trajectories", self._trajectories),
             ("Graph", self._graph_view),
-            ("Config", pn.pane.JSON(monitor.feed.reader.config, depth=2, sizing_mode="stretch_width")),
+            ("Config", self._config_view),
             dynamic=True,
             sizing_mode="stretch_width",
         )
@@ -176,11 +171,15 @@ class Dashboard(pn.viewable.Viewer):
         self.run_view.objects = [self._run_header, self._tabs]
 
     def _open_tab(self, run_dir: Path, tab: int) -> None:
-        """Build the trajectory browser or the graph (each reads the store) when its tab is first shown."""
+        """Build the trajectory browser, the graph or the config (each reads the store) when its tab is first
+        shown."""
         if self.selected != run_dir:
             return
         if tab == TRAJECTORIES:
             self._trajectory_browser()
+        elif tab == CONFIG and not self._config_view.objects:
+            config = self._views[0].feed.reader.config
+            self._config_view.objects = [pn.pane.JSON(config, depth=2, sizing_mode="stretch_width")]
         elif tab == GRAPH and self._graph is None:
             from widgets.run_graph import RunGraph
 
@@ -211,7 +210,7 @@ class Dashboard(pn.viewable.Viewer):
 
         replay = None
         if self.operator:  # a viewer's page holds no replay form (and the server refuses its requests)
-            from widgets.operator_api import MAX_REPLAY_N, checkpoint_steps
+            from widgets.replays import MAX_REPLAY_N, checkpoint_steps
 
             replay = ReplayForm(
                 lambda call_id, n, policy: self._replay(run_dir, call_id, n, policy),
@@ -223,7 +222,7 @@ class Dashboard(pn.viewable.Viewer):
         return TrajectoryBrowser(run_dir, replay=replay)
 
     def _replay(self, run_dir: Path, call_id: int, n: int, policy: str | None) -> Any:
-        from widgets.operator_api import start_replay
+        from widgets.replays import start_replay
 
         # the role is checked again on the server at the moment of the click
         if not self.can_operate():
@@ -237,14 +236,16 @@ class Dashboard(pn.viewable.Viewer):
         run_dir = shared.run_dir if self.selected is None else self.selected
         self._status = shared.status
         error = shared.error if self._status == "failed" else None
+        name = (
+            f'<h3 style="display: inline-block; margin: 0.4em 1em 0.4em 0">{html.escape(run_dir.name)}</h3>'
+        )
         header: list[Any] = [
-            pn.pane.Markdown(f"### {run_dir.name}"),
-            pn.pane.HTML(status_html(self._status, error), sizing_mode="stretch_width"),
+            pn.pane.HTML(name + status_html(self._status, error), sizing_mode="stretch_width")
         ]
         if self.operator and is_active(self._status):
-            stop = pn.widgets.Button(name="Stop this run", button_type="danger", css_classes=["wb-stop-run"])
+            stop = pn.widgets.Button(label="Stop this run", color="danger", css_classes=["wb-stop-run"])
             stop.on_click(lambda _e: self._stop(run_dir))
-            header.insert(1, stop)
+            header.append(stop)
         self._run_header.objects = header
 
     def _stop(self, run_dir: Path) -> None:
@@ -258,25 +259,40 @@ class Dashboard(pn.viewable.Viewer):
         if event.new:
             self.open_run(str(self.table.value.iloc[event.new[0]]["id"]))
 
+    def close(self) -> None:
+        """Stop polling and close the selected run's views (what the end of a served session does)."""
+        if self._callback is not None:
+            self._callback.stop()
+            self._callback = None
+        for view in self._views:
+            getattr(view, "close", lambda: None)()
+        self._views = []
+
     def start(self) -> None:
         if self._callback is None:
-            # a tick reuses the runs list another session read in the last half period
-            min_interval = self.refresh_ms / 2000
-            self._callback = pn.state.add_periodic_callback(
-                lambda: self.refresh(min_interval), period=self.refresh_ms
-            )
+            # a tick reuses the runs list another session read in the last period
+            min_interval = self.refresh_ms / 1000
+            self._callback = periodic(lambda: self.refresh(min_interval), self.refresh_ms)
+
+    def _launcher(self) -> RunLauncher:
+        return RunLauncher(self.runs_dir, can_operate=self.can_operate)
 
     # ------------------------------------------------------------------ view
     def __panel__(self) -> pn.viewable.Viewable:
-        self._shown = True
-        self.start()
-        who = pn.pane.HTML(
-            f'<span data-role="{self.role}">{self.user} · {self.role}</span>', css_classes=["wb-role"]
+        pn.state.onload(self.start)  # served: once the page is drawn; in a notebook: now
+        doc = pn.state.curdoc
+        if doc is not None and doc.session_context is not None:
+            doc.on_session_destroyed(lambda _context: self.close())
+        role, user = html.escape(self.role), html.escape(self.user)
+        heading = pn.pane.HTML(
+            '<h2 style="display: inline-block; margin: 0.3em 1em 0.3em 0">Runs</h2>'
+            f'<span data-role="{role}">{user} · {role}</span>',
+            css_classes=["wb-role"],
         )
-        runs = pn.Column(pn.Row(pn.pane.Markdown("## Runs"), who), self.table, self.run_view)
+        runs = pn.Column(heading, self.table, self.run_view)
         tabs = [("Runs", runs)]
-        if self.operator:
-            tabs.append(("Launch", RunLauncher(self.runs_dir, can_operate=self.can_operate)))
+        if self.operator:  # built when first opened, as the editor
+            tabs.append(("Launch", pn.panel(self._launcher, defer_load=True)))
         tabs.append(("Topology editor", pn.panel(_editor, defer_load=True)))
         return pn.Column(
             pn.Tabs(*tabs, dynamic=True, sizing_mode="stretch_width"),

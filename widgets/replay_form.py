@@ -2,7 +2,7 @@
 
 Which of the episode's calls, how many continuations, what plays the call's policy (the run's model or one of
 its checkpoints), a button; it launches a background counterfactual replay (``wb.replay``) through the
-``launch`` it is given (the dashboard's: ``widgets.operator_api.start_replay``, after checking the role) and
+``launch`` it is given (the dashboard's: ``widgets.replays.start_replay``, after checking the role) and
 then shows the replay run's id, its status (re-read while the replay is active) and a link that opens it.
 What cannot be replayed is shown with its reason, never raised. A form follows one replay at a time: its
 button stays disabled while that replay is active, and a click that reaches the server anyway (a double

@@ -11,9 +11,10 @@ or advantage (``widgets.token_view``). Only the current page and the open episod
 store (``workbench.store.queries``); a card's tokens are read when it is first expanded (the first
 top-level call opens expanded, the others collapsed; with a role filter, the calls of that role and
 the cards around them open, marked ``wb-role-match``). ``show_role(role)`` filters by a role and opens
-the first such episode (what a click on a node of the run's graph does). ``refresh()`` re-reads the
-steps and the page (a run being written shows its new steps); ``live=True`` refreshes every
-``interval_ms`` while shown.
+the first such episode (what a click on a node of the run's graph does). Until a step is chosen, the
+browser shows the newest step that has episodes (not a finished run's evaluation-only last step).
+``refresh()`` re-reads the steps and the page (a run being written shows its new steps); ``live=True``
+refreshes every ``interval_ms`` while shown.
 
 Given a ``widgets.replay_form.ReplayForm`` (``replay=``; the dashboard gives one to operators), the open
 episode shows it, offering the episode's calls: expanding a card picks that call (with a role filter, the
@@ -161,6 +162,14 @@ def call_title_html(node: q.StoredCall) -> str:
     )
 
 
+def newest_step(steps: pd.DataFrame) -> int:
+    """The step a browser opens on (``q.step_list``'s rows, at least one): the newest that has episodes, as
+    a finished run's last step may hold only its final held-out evaluation (no episodes stored), and a step
+    just begun none yet; the newest step where none has any."""
+    with_episodes = steps[steps["episodes"] > 0]
+    return int((steps if with_episodes.empty else with_episodes)["step"].iloc[-1])
+
+
 class EpisodeTable(pn.widgets.DataFrame):
     """The page of episodes: Bokeh's own DataTable, without its row-number column.
 
@@ -209,7 +218,7 @@ class TrajectoryBrowser(PeriodicRefresh, pn.viewable.Viewer):
         self._syncing = False
         self._step_chosen = "step" in params
         if not self._step_chosen and not self.steps.empty:
-            params["step"] = int(self.steps["step"].iloc[-1])
+            params["step"] = newest_step(self.steps)
         super().__init__(**params)
         self._build_widgets()
         self.load_page()
@@ -388,7 +397,7 @@ class TrajectoryBrowser(PeriodicRefresh, pn.viewable.Viewer):
     def refresh(self) -> None:
         """Re-read the steps, the roles and the current page (new steps of a run being written appear).
 
-        Until a step is chosen, the browser follows the newest step."""
+        Until a step is chosen, the browser follows the newest step that has episodes."""
         steps = q.step_list(self.reader)
         if not steps.equals(self.steps):
             self.steps = steps
@@ -397,7 +406,7 @@ class TrajectoryBrowser(PeriodicRefresh, pn.viewable.Viewer):
                 self._step_select.options = self._step_options()
             finally:
                 self._syncing = False
-            newest = None if steps.empty else int(steps["step"].iloc[-1])
+            newest = None if steps.empty else newest_step(steps)
             if not self._step_chosen and newest is not None and newest != self.step:
                 self.step = newest  # reloads the page
                 return
@@ -421,9 +430,10 @@ class TrajectoryBrowser(PeriodicRefresh, pn.viewable.Viewer):
         self.episode = int(episode_id)
 
     def show_role(self, role: str, step: int | None = None) -> None:
-        """List only the episodes with a call of ``role`` (at ``step`` where given and stored) and open the
-        first of them, that role's calls expanded (no episode open where none has one)."""
-        if step is not None and int(step) in set(self.steps["step"]):
+        """List only the episodes with a call of ``role`` (at ``step`` where given and it stored episodes: not
+        a finished run's evaluation-only last step) and open the first of them, that role's calls expanded
+        (no episode open where none has one)."""
+        if step is not None and int(step) in set(self.steps.loc[self.steps["episodes"] > 0, "step"]):
             self._step_chosen = True
             self.param.update(role=role, step=int(step))
         else:

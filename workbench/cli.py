@@ -198,7 +198,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from widgets.serve import serve
+    from widgets.server.serve import serve
 
     serve(
         args.runs_dir,
@@ -217,7 +217,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _users(args: argparse.Namespace) -> int:
     import getpass
 
-    from widgets.access import add_user
+    from widgets.server.access import add_user
 
     password = os.environ.get("WORKBENCH_PASSWORD") or getpass.getpass(f"password for {args.name}: ")
     add_user(args.file, args.name, password, args.role)

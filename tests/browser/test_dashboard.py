@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 
 from tests.browser.conftest import Served, screenshot
-from widgets.access import add_user
+from widgets.server.access import add_user
 from workbench.store import RunReader, RunStore
 
 OPERATOR, VIEWER = ("ops", "operator-password"), ("vic", "viewer-password")

@@ -1,33 +1,38 @@
-"""Dashboard load benchmark: what N viewers of the dashboard receive while a real training run writes.
+"""Dashboard load benchmark: what N browser-like viewers of the dashboard get while a real training run writes.
 
-    python -m tests.perf.bench_dashboard_load --quick     # 3 viewers, 4 s unwatched + 8 s watched
+    python -m tests.perf.bench_dashboard_load --quick     # 3 viewers, 6 s unwatched + 12 s watched
     python -m tests.perf.bench_dashboard_load             # 20 viewers, 20 s + 45 s (the issue's figure)
+    python -m tests.perf.bench_dashboard_load --browsers 2   # and 2 real Chromium pages alongside
 
-``workbench serve`` and ``workbench train`` (the tiny model, steps as fast as it goes) run in two
-subprocesses on this machine. Once the run has stored a few steps, its trainer runs for a while with
-nobody watching; then N viewers connect at once, each a real Bokeh client session of the dashboard
-opened on the run (``/?run=<id>``), so the server does for it what it does for a browser tab: the runs
-list every second, the run's monitor every half second. Each viewer follows the ``data-step`` of its
-document's monitor header as the server's patches arrive.
+``workbench serve`` (sign-in on, a users file of viewers) and ``workbench train`` (the tiny model, steps as
+fast as it goes) run in two subprocesses on this machine. Once the run has stored a few steps, its trainer
+runs for a while with nobody watching; then N viewers arrive at once, each a browser-like client
+(``tests.perf.dashboard_client.Tab``) from its own address (127.0.0.10, .11, ...): it signs in, asks for the
+run's page (``/?run=<id>``, the Curves tab), opens the websocket, pulls the document, sends the
+``document_ready`` event a browser sends once it has drawn it, and then takes the server's patches, following
+the ``data-step`` of the monitor header, until the end. ``--browsers K`` also opens K pages in a real headless
+Chromium (Debian's, driven by Playwright), signed in the same way, whose header steps are read in the page.
 
-Reported: per viewer, the seconds from asking for a page to having the document (``first_doc_s``,
-target <= 5 s); over all viewers and steps committed after a viewer had its document, the update lag
-(the step's ``finished_at`` in the store to the viewer's document showing it or a later step) at p50 and
-p95 (target p95 <= 5 s), and the steps a viewer never showed by the end (``updates_missed``); sessions
-that failed; tracebacks in the server's log; the trainer's steps/s unwatched and watched, and their
-ratio. ``--server-path DIR`` puts DIR first on the server's ``PYTHONPATH`` (to measure other widgets).
+Reported: per viewer, the seconds from asking for the page to having the document (``first_doc_s``, target
+<= 5 s) and the sign-in before it (``sign_in_s``); over all viewers and steps committed after a viewer had its
+document, the update lag (the step's ``finished_at`` in the store to the viewer's document showing it or a
+later step) at p50 and p95 (target p95 <= 5 s), and the steps a viewer never showed by the end
+(``updates_missed``); sessions that failed; tracebacks in the server's log; the server's CPU seconds while
+watched, and whether it ever loaded torch (it must not); the clients' own CPU seconds and the longest
+their event loop was late (their times are only as good as that); the trainer's steps/s unwatched and watched, and their ratio (target >= 0.8); the machine's load
+average before and after. ``--server-path DIR`` puts DIR first on the server's ``PYTHONPATH`` (to measure
+other widgets, e.g. an older checkout's, side by side).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -35,99 +40,142 @@ from typing import Any
 import numpy as np
 
 from tests.browser.conftest import free_port, wait_until_up
+from tests.perf.dashboard_client import Tab
 from tests.perf.runner import REPO, machine, now, write_json
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "dashboard_load.json"
 TARGET_S = 5.0
-_STEP = re.compile(r"data-step=(?:&quot;|\"|')(-?\d+)")
+PASSWORD = "load-benchmark-password"
 TRAIN = {
     "model": "tiny", "steps": 100_000, "batch_size": 2, "group_size": 2, "max_tokens": 4,
     "topology": "marsrl_cpu", "checkpoint_every": 100_000,
 }  # fmt: skip
+#: Records when the page's monitor header first showed each step (a real browser's copy of ``Tab.seen``);
+#: Panel draws into shadow roots, which ``querySelector`` and observers of the body do not enter.
+_WATCH_STEPS = """() => {
+  window.__wbSeen = {};
+  const find = (root) => {
+    const el = root.querySelector('.wb-step[data-step]');
+    if (el) { return el; }
+    for (const host of root.querySelectorAll('*')) {
+      if (host.shadowRoot) { const found = find(host.shadowRoot); if (found) { return found; } }
+    }
+    return null;
+  };
+  let el = null;
+  setInterval(() => {
+    if (el == null || !el.isConnected) { el = find(document); }
+    if (el != null) {
+      const step = el.getAttribute('data-step');
+      if (!(step in window.__wbSeen)) { window.__wbSeen[step] = Date.now(); }
+    }
+  }, 100);
+}"""
 
 
-def _find_header(node: Any) -> dict | None:
-    """The monitor header's model (``wb-last-step``) in a document's JSON."""
-    if isinstance(node, dict):
-        if "wb-last-step" in (node.get("attributes", {}).get("css_classes") or []):
-            return node
-        children = node.values()
-    elif isinstance(node, list):
-        children = node
-    else:
-        return None
-    for child in children:
-        found = _find_header(child)
-        if found is not None:
-            return found
-    return None
+def write_users(path: Path, names: list[str]) -> None:
+    """A users file of viewers sharing one password (hashed once: the server checks each sign-in in full)."""
+    from widgets.server.access import hash_password
+
+    stored = hash_password(PASSWORD)
+    users = {name: {"role": "viewer", "password": stored} for name in names}
+    path.write_text(json.dumps({"users": users}))
 
 
 class Viewer:
-    """One Bokeh-protocol client session: the time it got its document and when it first showed each step.
+    """A viewer's figures, from a browser-like ``Tab`` or a Chromium page."""
 
-    It speaks the protocol as a browser tab does (pull the document, then take the server's patches) but
-    keeps the document as JSON: building Bokeh's Python models of 20 documents would take this process
-    seconds of CPU each, on the cores the server and the trainer run on, which a browser does not.
-    """
-
-    def __init__(self, url: str, run_id: str, stop: threading.Event) -> None:
-        self.url, self.run_id, self.stop = url, run_id, stop
-        self.asked = self.first_doc = None
-        self.seen: dict[int, float] = {}  # step -> wall time (time.time()) the document first showed it
+    def __init__(self, kind: str, address: str) -> None:
+        self.kind, self.address = kind, address
+        self.sign_in_s: float | None = None
+        self.asked: float | None = None
+        self.first_doc: float | None = None
+        self.seen: dict[int, float] = {}
         self.error: str | None = None
-        self._header_id: str | None = None
 
-    def _show(self, text: Any) -> None:
-        found = _STEP.search(str(text))
-        if found:
-            self.seen.setdefault(int(found.group(1)), time.time())
 
-    def run(self) -> None:
-        from bokeh.client.session import ClientSession
-        from bokeh.client.util import websocket_url_for_server_url
-        from tornado.ioloop import IOLoop, PeriodicCallback
+async def _tab(url: str, name: str, address: str, path: str, stop: asyncio.Event) -> Viewer:
+    tab = Tab(url, address)
+    await tab.visit(name, PASSWORD, path, stop)
+    viewer = Viewer("client", address)
+    viewer.sign_in_s, viewer.asked, viewer.first_doc = tab.sign_in_s, tab.asked, tab.first_doc
+    viewer.seen, viewer.error = tab.seen, tab.error
+    return viewer
 
-        viewer = self
 
-        class JsonSession(ClientSession):
-            def _handle_patch(self, message: Any) -> None:
-                for event in message.content.get("events", []):
-                    model = event.get("model") or {}
-                    if model.get("id") == viewer._header_id and event.get("attr") == "text":
-                        viewer._show(event.get("new"))
+async def _chromium(url: str, names: list[str], path: str, stop: asyncio.Event) -> list[Viewer]:
+    """``len(names)`` pages of one headless Chromium, each in its own context (its own cookies)."""
+    from playwright.async_api import async_playwright
 
-        asyncio.set_event_loop(asyncio.new_event_loop())
-        loop = IOLoop.current()
+    from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
+
+    async def page_of(browser: Any, name: str) -> Viewer:
+        viewer = Viewer("chromium", "127.0.0.1")
+        context = await browser.new_context(viewport={"width": 1400, "height": 1000})
         try:
-            self.asked = time.time()
-            session = JsonSession(
-                websocket_url=websocket_url_for_server_url(self.url),
-                io_loop=loop,
-                arguments={"run": self.run_id},
-            )
-            connection = session._connection  # the protocol's plumbing; ClientSession has no public way
-            connection.connect()
-            reply = connection._send_message_wait_for_reply(connection._protocol.create("PULL-DOC-REQ"))
-            if reply is None or reply.header["msgtype"] == "ERROR":
-                raise RuntimeError(f"no document: {reply and reply.content}")
-            self.first_doc = time.time()
-            header = _find_header(reply.content["doc"])
-            if header is None:
-                raise RuntimeError("no monitor header (wb-last-step) in the document")
-            self._header_id = header["id"]
-            self._show(header["attributes"].get("text", ""))
-
-            def check() -> None:
-                if self.stop.is_set():
-                    session.close()
-
-            PeriodicCallback(check, 50).start()
-            connection.loop_until_closed()
+            page = await context.new_page()
+            page.set_default_timeout(120_000)  # a sign-in waits its turn behind the others' password checks
+            start = time.time()
+            await page.goto(f"{url}/login?next={path.replace('?', '%3F').replace('=', '%3D')}")
+            await page.fill("input[name=username]", name)
+            await page.fill("input[name=password]", PASSWORD)
+            await page.click("button[type=submit]")
+            await page.wait_for_url(f"**{path}")
+            viewer.sign_in_s = time.time() - start
+            viewer.asked = time.time()
+            await page.goto(url + path)
+            await page.wait_for_selector(".wb-last-step [data-step]", timeout=120_000)
+            viewer.first_doc = time.time()
+            await page.evaluate(_WATCH_STEPS)
+            await stop.wait()
+            seen = await page.evaluate("() => window.__wbSeen")
+            viewer.seen = {int(step): ms / 1000 for step, ms in seen.items()}
         except Exception as error:  # noqa: BLE001 - counted and reported
-            self.error = repr(error)
+            viewer.error = repr(error)
         finally:
-            loop.close(all_fds=True)
+            await context.close()
+        return viewer
+
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            return list(await asyncio.gather(*(page_of(browser, name) for name in names)))
+        finally:
+            await browser.close()
+
+
+async def watch(
+    url: str, run_id: str, clients: int, browsers: int, seconds: float
+) -> tuple[list[Viewer], float]:
+    """``clients`` browser-like viewers (and ``browsers`` Chromium pages) arriving at once, held ``seconds``;
+    also the longest the clients' own event loop was late (their times are only as good as that)."""
+    stop = asyncio.Event()
+    late = [0.0]
+
+    async def lateness() -> None:
+        while not stop.is_set():
+            before = time.monotonic()
+            await asyncio.sleep(0.1)
+            late[0] = max(late[0], time.monotonic() - before - 0.1)
+
+    ticker = asyncio.ensure_future(lateness())
+    path = f"/?run={run_id}"
+    tasks = [
+        asyncio.ensure_future(_tab(url, f"viewer{i}", f"127.0.0.{10 + i}", path, stop))
+        for i in range(clients)
+    ]
+    if browsers:
+        names = [f"browser{i}" for i in range(browsers)]
+        chromium = asyncio.ensure_future(_chromium(url, names, path, stop))
+    await asyncio.sleep(seconds)
+    stop.set()
+    viewers = list(await asyncio.gather(*tasks))
+    if browsers:
+        viewers += await chromium
+    await ticker
+    return viewers, late[0]
 
 
 def lags(viewer: Viewer, finished: dict[int, float], until: float) -> tuple[list[float], int]:
@@ -177,72 +225,31 @@ def _rate(finished: dict[int, float], start: float, end: float) -> float:
     return sum(start < t <= end for t in finished.values()) / max(end - start, 1e-9)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    import panel.models  # noqa: F401 - the dashboard's model classes, for the client sessions to load
-    import panel.models.tabulator  # noqa: F401
-    import panel_reactflow  # noqa: F401
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--viewers", type=int)
-    parser.add_argument("--seconds", type=float, help="seconds watched (unwatched: less than half)")
-    parser.add_argument("--server-path", type=Path)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    args = parser.parse_args(argv)
-    viewers_n = args.viewers or (3 if args.quick else 20)
-    watched_s = args.seconds or (8.0 if args.quick else 45.0)
-    unwatched_s = min(20.0, watched_s / 2)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env["PYTHONPATH"] = os.pathsep.join(
-        [*([str(args.server_path)] if args.server_path else []), str(REPO), env.get("PYTHONPATH", "")]
-    )
-    with tempfile.TemporaryDirectory() as tmp:
-        runs = Path(tmp) / "runs"
-        runs.mkdir()
-        port = free_port()
-        server = subprocess.Popen(
-            [sys.executable, "-m", "workbench.cli", "serve", str(runs), "--port", str(port)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-        )  # fmt: skip
-        settings = [a for k, v in {**TRAIN, "runs_dir": str(runs)}.items() for a in ("--set", f"{k}={v}")]
-        trainer = subprocess.Popen(
-            [sys.executable, "-m", "workbench.cli", "train", *settings],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-        )  # fmt: skip
-        viewers: list[Viewer] = []
-        try:
-            wait_until_up(f"http://127.0.0.1:{port}/", server)
-            db = _wait_for_run(runs, trainer, steps=2)
-            run_id = db.parent.name
-            unwatched_from = time.time()
-            time.sleep(unwatched_s)
-            unwatched_to = time.time()
-            stop = threading.Event()
-            viewers = [Viewer(f"http://127.0.0.1:{port}/", run_id, stop) for _ in range(viewers_n)]
-            threads = [threading.Thread(target=v.run, daemon=True) for v in viewers]
-            for t in threads:
-                t.start()
-            time.sleep(watched_s)
-            watched_to = time.time()
-            time.sleep(TARGET_S)  # steps committed near the end get the target's time to be shown
-            stop.set()
-            for t in threads:
-                t.join(60)
-            finished = _finished(db)
-        finally:
-            for process in (trainer, server):
-                process.terminate()
-            train_log, _ = trainer.communicate(timeout=60)
-            log, _ = server.communicate(timeout=30)
+
+def imported_torch(pid: int) -> bool:
+    """Whether process ``pid`` has torch loaded (its shared library mapped): a dashboard server never needs
+    it, and importing it holds the event loop for seconds."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def _figures(viewers: list[Viewer], finished: dict[int, float], until: float) -> dict[str, Any]:
     all_lags: list[float] = []
     missed = 0
     per_viewer = []
     for viewer in viewers:
-        viewer_lags, viewer_missed = lags(viewer, finished, watched_to)
+        viewer_lags, viewer_missed = lags(viewer, finished, until)
         all_lags += viewer_lags
         missed += viewer_missed
         per_viewer.append(
             {
+                "kind": viewer.kind,
+                "address": viewer.address,
+                "sign_in_s": viewer.sign_in_s,
                 "first_doc_s": None if viewer.first_doc is None else viewer.first_doc - viewer.asked,
                 "updates": len(viewer_lags),
                 "updates_missed": viewer_missed,
@@ -251,16 +258,11 @@ def main(argv: list[str] | None = None) -> dict:
             }
         )
     first_docs = [v["first_doc_s"] for v in per_viewer if v["first_doc_s"] is not None]
-    unwatched_rate = _rate(finished, unwatched_from, unwatched_to)
-    watched_rate = _rate(finished, unwatched_to, watched_to)
-    figures = {
-        "mode": "quick" if args.quick else "full",
-        "viewers": viewers_n,
-        "seconds_unwatched": unwatched_s,
-        "seconds_watched": watched_s,
-        "target_s": TARGET_S,
+    sign_ins = [v["sign_in_s"] for v in per_viewer if v["sign_in_s"] is not None]
+    return {
         "sessions_connected": len(first_docs),
         "session_failures": [v["error"] for v in per_viewer if v["error"]],
+        "sign_in_s": {"p50": _quantile(sign_ins, 0.5), "p95": _quantile(sign_ins, 0.95)},
         "first_doc_s": {
             "p50": _quantile(first_docs, 0.5),
             "p95": _quantile(first_docs, 0.95),
@@ -275,12 +277,100 @@ def main(argv: list[str] | None = None) -> dict:
             "missed": missed,
         },
         "per_viewer": per_viewer,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--viewers", type=int, help="browser-like viewers (20; --quick: 3)")
+    parser.add_argument("--browsers", type=int, default=0, help="real Chromium pages alongside them")
+    parser.add_argument("--seconds", type=float, help="seconds watched (unwatched: less than half)")
+    parser.add_argument("--server-path", type=Path)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    viewers_n = args.viewers if args.viewers is not None else (3 if args.quick else 20)
+    watched_s = args.seconds or (12.0 if args.quick else 45.0)
+    unwatched_s = min(20.0, watched_s / 2)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [*([str(args.server_path)] if args.server_path else []), str(REPO), env.get("PYTHONPATH", "")]
+    )
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = Path(tmp) / "runs"
+        runs.mkdir()
+        users = Path(tmp) / "users.json"
+        write_users(
+            users, [f"viewer{i}" for i in range(viewers_n)] + [f"browser{i}" for i in range(args.browsers)]
+        )
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        # both run from tmp: ``python -m`` puts its working directory before PYTHONPATH (and --server-path)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "workbench.cli", "serve", str(runs), "--port", str(port), "--users", str(users)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp,
+        )  # fmt: skip
+        settings = [a for k, v in {**TRAIN, "runs_dir": str(runs)}.items() for a in ("--set", f"{k}={v}")]
+        trainer = subprocess.Popen(
+            [sys.executable, "-m", "workbench.cli", "train", *settings],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp,
+        )  # fmt: skip
+        viewers: list[Viewer] = []
+        try:
+            wait_until_up(f"{url}/login", server)
+            db = _wait_for_run(runs, trainer, steps=2)
+            run_id = db.parent.name
+            unwatched_from = time.time()
+            server_cpu = cpu_seconds(server.pid)
+            time.sleep(unwatched_s)
+            unwatched_to = time.time()
+            server_cpu_unwatched = cpu_seconds(server.pid) - server_cpu
+            server_cpu, client_cpu = cpu_seconds(server.pid), time.process_time()
+            # steps committed near the end get the target's time to be shown
+            viewers, client_late = asyncio.run(
+                watch(url, run_id, viewers_n, args.browsers, watched_s + TARGET_S)
+            )
+            client_cpu = time.process_time() - client_cpu
+            watched_to = unwatched_to + watched_s
+            server_cpu_watched = cpu_seconds(server.pid) - server_cpu
+            server_torch = imported_torch(server.pid)
+            finished = _finished(db)
+        finally:
+            for process in (trainer, server):
+                process.terminate()
+            train_log, _ = trainer.communicate(timeout=60)
+            log, _ = server.communicate(timeout=30)
+    unwatched_rate = _rate(finished, unwatched_from, unwatched_to)
+    watched_rate = _rate(finished, unwatched_to, watched_to)
+    clients = [v for v in viewers if v.kind == "client"]
+    figures = {
+        "mode": "quick" if args.quick else "full",
+        "client": "browser-like: own address, sign-in, page, websocket, PULL-DOC-REQ, document_ready",
+        "viewers": viewers_n,
+        "browsers": args.browsers,
+        "seconds_unwatched": unwatched_s,
+        "seconds_watched": watched_s,
+        "target_s": TARGET_S,
+        **_figures(clients, finished, watched_to),
+        "chromium": _figures([v for v in viewers if v.kind == "chromium"], finished, watched_to)
+        if args.browsers
+        else None,
         "train_steps_per_s_unwatched": unwatched_rate,
         "train_steps_per_s_watched": watched_rate,
         "train_ratio": watched_rate / unwatched_rate if unwatched_rate else None,
+        # steps/s in each 5 s from the start of the unwatched phase: where the watched phase lost speed
+        "train_steps_per_s_by_5s": [
+            round(_rate(finished, t, t + 5.0), 2) for t in np.arange(unwatched_from, watched_to, 5.0)
+        ],
         "steps_stored": len(finished),
+        "server_cpu_s": {"unwatched": server_cpu_unwatched, "watched": server_cpu_watched},
+        "server_imported_torch": server_torch,
+        "client_cpu_s": client_cpu,
+        "client_loop_late_max_s": client_late,
         "server_tracebacks": log.count("Traceback"),
         "trainer_tracebacks": train_log.count("Traceback"),
+        "load_average": {"before": load_before[0], "after": os.getloadavg()[0]},
         "machine": machine(),
         "finished": now(),
     }
@@ -291,8 +381,19 @@ def main(argv: list[str] | None = None) -> dict:
         f"p95 {_s(first['p95'])}, max {_s(first['max'])} ({first['within_target']} within {TARGET_S:.0f} s); "
         f"update lag p50 {_s(lag['p50'])}, p95 {_s(lag['p95'])} over {lag['updates']} updates, "
         f"{lag['missed']} missed; trainer {unwatched_rate:.2f} steps/s unwatched, {watched_rate:.2f} watched; "
-        f"{len(figures['session_failures'])} sessions failed, {figures['server_tracebacks']} server tracebacks"
+        f"server CPU {server_cpu_unwatched:.1f} s unwatched ({unwatched_s:.0f} s), "
+        f"{server_cpu_watched:.1f} s watched ({watched_s + TARGET_S:.0f} s); "
+        f"clients {client_cpu:.1f} s CPU, loop late <= {client_late:.2f} s; "
+        f"{len(figures['session_failures'])} sessions failed, {figures['server_tracebacks']} server tracebacks; "
+        f"load average {load_before[0]:.2f} before"
     )
+    if figures["chromium"]:
+        c = figures["chromium"]
+        print(
+            f"{args.browsers} Chromium pages: first document p95 {_s(c['first_doc_s']['p95'])}, update lag p95 "
+            f"{_s(c['update_lag_s']['p95'])} over {c['update_lag_s']['updates']} updates; "
+            f"{len(c['session_failures'])} failed"
+        )
     print(f"written to {args.out}")
     return figures
 

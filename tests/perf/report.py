@@ -223,18 +223,32 @@ def render_dashboard_load(r: dict) -> str:
         return "—" if value is None else f"{value:.2f} s"
 
     ratio = "—" if r["train_ratio"] is None else f"{r['train_ratio']:.2f}"
-    return (
-        f"**Dashboard under load** ({r['mode']} mode, {m['cpus']} CPUs, {r['finished']}): {r['viewers']} "
-        f"viewers opened the dashboard on a tiny `workbench train` run while it trained "
-        f"({r['seconds_watched']:.0f} s watched). First document: p50 {s(first['p50'])}, p95 "
-        f"{s(first['p95'])}, max {s(first['max'])} ({first['within_target']} of {r['viewers']} within "
-        f"{r['target_s']:.0f} s). Update lag (a step committed to a viewer's page showing it): p50 "
-        f"{s(lag['p50'])}, p95 {s(lag['p95'])} over {lag['updates']} updates, {lag['missed']} never shown "
-        f"(target p95 <= {r['target_s']:.0f} s). The trainer ran {r['train_steps_per_s_unwatched']:.2f} "
-        f"steps/s unwatched and {r['train_steps_per_s_watched']:.2f} watched (ratio {ratio}); "
-        f"{r['sessions_connected']} sessions connected, {len(r['session_failures'])} failed, "
-        f"{r['server_tracebacks']} tracebacks in the server's log."
+    client = (
+        "each signing in from its own address, then the page, the websocket, its document and the "
+        "`document_ready` a browser sends"
+        if "client" in r
+        else "Bokeh client sessions from one address, without `document_ready`"
     )
+    text = (
+        f"**Dashboard under load** ({r['mode']} mode, {m['cpus']} CPUs, {r['finished']}): {r['viewers']} "
+        f"viewers ({client}) opened the dashboard on a tiny `workbench train` run while it trained "
+        f"({r['seconds_watched']:.0f} s watched). First document (page asked to document received): p50 "
+        f"{s(first['p50'])}, p95 {s(first['p95'])}, max {s(first['max'])} ({first['within_target']} of "
+        f"{r['viewers']} within {r['target_s']:.0f} s). Update lag (a step committed to a viewer's page "
+        f"showing it): p50 {s(lag['p50'])}, p95 {s(lag['p95'])} over {lag['updates']} updates, {lag['missed']} "
+        f"never shown (target p95 <= {r['target_s']:.0f} s). The trainer ran "
+        f"{r['train_steps_per_s_unwatched']:.2f} steps/s unwatched and {r['train_steps_per_s_watched']:.2f} "
+        f"watched (ratio {ratio}); {r['sessions_connected']} sessions connected, {len(r['session_failures'])} "
+        f"failed, {r['server_tracebacks']} tracebacks in the server's log."
+    )
+    if "server_cpu_s" in r:
+        load = r["load_average"]
+        text += (
+            f" Sign-in p50 {s(r['sign_in_s']['p50'])}, p95 {s(r['sign_in_s']['p95'])}; the server used "
+            f"{r['server_cpu_s']['watched']:.1f} CPU seconds while watched; load average "
+            f"{load['before']:.2f} before, {load['after']:.2f} after (other work on the machine)."
+        )
+    return text
 
 
 def render_schedulers(r: dict) -> str:

@@ -23,8 +23,8 @@ pytestmark = pytest.mark.perf
 
 OUT = suite.ARTIFACTS
 NEEDS_VLLM = [name for name, b in suite.BENCHMARKS.items() if "vllm" in b.needs]
-# the GPU script's rehearsal (tests/perf/test_gpu_check.py) runs bench_precision already, on more paths
-LEFT_OUT = [*NEEDS_VLLM, "precision"]
+# the GPU script's rehearsal (tests/perf/test_gpu_check.py) runs bench_precision and bench_train_step already
+LEFT_OUT = [*NEEDS_VLLM, "precision", "train_step"]
 PACKING_TIMED = ("packed", "packed_blocks", "padded_sorted", "padded_unsorted")
 
 
@@ -224,6 +224,7 @@ def test_dashboard_load(run):
     data = figures(run, "dashboard_load")
     assert data["sessions_connected"] == data["viewers"] == 3, data["session_failures"]
     assert data["session_failures"] == [] and data["server_tracebacks"] == 0
+    assert data["server_imported_torch"] is False, "a dashboard page imported torch"
     assert data["trainer_tracebacks"] == 0 and data["steps_stored"] > 0
     first, lag = data["first_doc_s"], data["update_lag_s"]
     assert 0 < first["p50"] <= first["p95"] <= first["max"] and 0 <= first["within_target"] <= data["viewers"]

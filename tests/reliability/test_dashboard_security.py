@@ -37,6 +37,7 @@ import time
 import urllib.parse
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +47,7 @@ from tornado.web import create_signed_value, decode_signed_value
 from tornado.websocket import websocket_connect
 
 from tests.browser.conftest import free_port
-from widgets.access import HASH_ITERATIONS, MAX_FAILED_LOGINS, add_user
+from widgets.server.access import HASH_ITERATIONS, MAX_FAILED_LOGINS, add_user, hash_password
 from workbench.store import RunStore
 
 OPERATOR, VIEWER = ("ops", "operator-password-31"), ("vic", "viewer-password-47")
@@ -274,6 +275,22 @@ def test_no_url_imports_a_module_reads_a_named_file_or_answers_500(dashboard):
     assert "Traceback" not in log and not re.search(r"^500 ", log, re.M), log
 
 
+def test_arguments_bokeh_writes_into_a_script_cannot_break_it(dashboard):
+    """``/autoload.js`` writes ``bokeh-autoload-element`` (and the app path and absolute URL) unescaped into the
+    script it serves a signed-in session: a value that could end the string or the script is refused."""
+    viewer = {"Cookie": dashboard.cookie(VIEWER)}
+    payload = 'x"); alert(document.cookie); //</script><script>alert(1)</script>'
+    for argument in ("bokeh-autoload-element", "bokeh-app-path", "bokeh-absolute-url"):
+        query = urllib.parse.urlencode({"bokeh-autoload-element": "wb1", argument: payload})
+        status, _, body = dashboard.request("GET", f"/autoload.js?{query}", headers=viewer)
+        assert status == 400 and "alert" not in body, f"{argument}: {status} {body[:200]}"
+    status, headers, script = dashboard.request(
+        "GET", "/autoload.js?bokeh-autoload-element=wb1", headers=viewer
+    )
+    assert status == 200 and "javascript" in headers["Content-Type"], status
+    assert 'getElementById("wb1")' in script, "a plain element id still gets its script"
+
+
 def test_failed_sign_ins_from_one_address_lock_it_out_and_another_accounts_success_resets_nothing(dashboard):
     attacker, bystander = "127.0.0.2", "127.0.0.3"
     _need_addresses(attacker, bystander)
@@ -307,6 +324,29 @@ def test_failed_sign_ins_for_one_account_from_many_addresses_lock_that_account(d
     assert status == 429 and cookie is None, "the account is locked, even from a fresh address"
     status, cookie = dashboard.sign_in(VIEWER, source=elsewhere)
     assert status == 302 and cookie, "other accounts sign in as usual from there"
+
+
+def test_twenty_simultaneous_correct_sign_ins_from_one_address_all_succeed(dashboard):
+    """A team behind one NAT signs in at once: every correct password gets in, none is refused for the others'."""
+    office = "127.0.0.20"
+    _need_addresses(office)
+    team = [(f"team{i}", "team-password-73") for i in range(20)]
+    stored = hash_password(team[0][1], iterations=100_000)  # a check long enough for all 20 to overlap
+    _rewrite_users(
+        dashboard, lambda users: users.update({n: {"role": "viewer", "password": stored} for n, _ in team})
+    )
+    start = threading.Barrier(len(team))
+
+    def sign_in(user: tuple[str, str]) -> int:
+        start.wait()
+        return dashboard.sign_in(user, source=office)[0]
+
+    with ThreadPoolExecutor(len(team)) as pool:
+        statuses = list(pool.map(sign_in, team))
+    assert statuses == [302] * len(team), statuses
+    assert dashboard.sign_in(("team0", "a wrong guess"), source=office)[0] == 401, (
+        "a wrong one still does not"
+    )
 
 
 def test_password_checks_do_not_hold_up_other_requests(dashboard):
@@ -591,6 +631,24 @@ def test_no_password_hash_secret_or_session_cookie_is_served_in_a_page_or_writte
     for where, text in texts.items():
         for what, secret in secrets.items():
             assert secret not in text, f"the {what} appears in the {where}"
+
+
+def test_no_cookie_value_is_logged_however_it_was_forged(dashboard):
+    """Tornado warns of a signed value whose signature fails ("Invalid cookie signature %r") with the value in
+    the message; the server logs the warning without it, for its own cookie and Panel's ``user`` alike."""
+    offset = len(dashboard.log.read_text())
+    viewer = dashboard.cookie(VIEWER)
+    forged = {
+        name: f"d2JfZm9yZ2Vk{name}=|1700000000|0badc0ffee{i}" for i, name in enumerate((COOKIE, "user"))
+    }
+    for name, value in forged.items():
+        for cookie in (f"{name}={value}", f"{viewer}; {name}={value}" if name != COOKIE else None):
+            if cookie is not None:
+                dashboard.request("GET", f"/?run={dashboard.run_id}", headers={"Cookie": cookie})
+    log = dashboard.log_since(offset)
+    assert "Invalid cookie signature '(value not logged)'" in log, "the warning stays, without the value"
+    for name, value in forged.items():
+        assert value not in log and value.split("|")[0] not in log, f"the {name} cookie's value is in the log"
 
 
 def test_the_session_cookie_is_secure_over_https(tmp_path):

@@ -24,7 +24,7 @@ from typing import Any
 
 from tornado.web import decode_signed_value
 
-from widgets.access import AccessError, User, Users
+from widgets.server.access import AccessError, User, Users
 
 COOKIE = "wb_user"
 SESSION_DAYS = 1

@@ -13,7 +13,10 @@ Hashes are compared in constant time, and an unknown name costs the same hash as
 loop, and refuses new ones while too many wait. ``LoginThrottle`` locks out, for a minute, both an address
 and an account after five failed sign-ins within a minute; a success forgets only the failures of that
 account from that address, so signing in to one's own account does not reset the count of guesses at
-another.
+another. It counts failures only: a sign-in whose check could, failing, pass the limit (its address's or
+account's failures plus the checks under way reach it) waits for those checks to end instead of being
+refused, so parallel guesses never pass the limit and correct passwords are never refused for anyone's
+concurrency, a team behind one address included.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import json
 import os
 import secrets
 import time
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,9 +41,10 @@ HASH_ITERATIONS = 600_000
 #: Failed logins from one address, or for one account, within LOCKOUT_WINDOW_S before it is locked out.
 MAX_FAILED_LOGINS = 5
 LOCKOUT_WINDOW_S = 60.0
-#: Password checks that run at once (on threads: hashlib releases the GIL), and that may wait for one.
+#: Password checks that run at once (on threads: hashlib releases the GIL), and that may wait for one
+#: (enough for a team of 20 signing in at once from 20 addresses).
 CHECK_WORKERS = 2
-MAX_WAITING_CHECKS = 16
+MAX_WAITING_CHECKS = 30
 
 
 class AccessError(ValueError):
@@ -157,12 +161,51 @@ class LoginThrottle:
     """Counts failed logins per address and per account; either with too many recent failures is locked out.
 
     One failure is one record (time, address, account), kept for ``window_s``: the record count is bounded
-    by how fast passwords can be checked, whatever names and addresses a guesser makes up.
+    by how fast passwords can be checked, whatever names and addresses a guesser makes up. ``begin`` and
+    ``end`` bracket a password check (on the server's event loop): checks under way count against the
+    limit only by making the next sign-in wait, never by refusing it.
     """
 
     def __init__(self, limit: int = MAX_FAILED_LOGINS, window_s: float = LOCKOUT_WINDOW_S) -> None:
         self.limit, self.window_s = limit, window_s
         self._failures: deque[tuple[float, str, str | None]] = deque()
+        self._checking: Counter[tuple[str, str | None]] = Counter()  # checks under way, by (address, account)
+        self._ended: asyncio.Event | None = None  # set when a check ends (waiting sign-ins look again)
+
+    async def begin(self, address: str, account: str | None = None) -> bool:
+        """Wait until a failure of this check could not pass the limit, then count it as under way; False
+        (nothing counted) when the address or account is locked out."""
+        while not self.locked(address, account):
+            under_way = [(0.0, *key) for key in self._checking.elements()]  # each as if it failed
+            if self._worst(address, account, under_way) < self.limit:
+                self._checking[address, account] += 1
+                return True
+            self._ended = self._ended or asyncio.Event()
+            await self._ended.wait()
+        return False
+
+    def end(self, address: str, account: str | None, failed: bool) -> None:
+        """The check ``begin`` counted has ended: record its failure, or forget that account's failures from
+        that address; the sign-ins waiting look again."""
+        self._checking[address, account] -= 1
+        if not self._checking[address, account]:
+            del self._checking[address, account]
+        if failed:
+            self.failed(address, account)
+        else:
+            self.succeeded(address, account)
+        if self._ended is not None:
+            self._ended.set()
+            self._ended = None
+
+    def _worst(
+        self, address: str, account: str | None, more: list | None = None, now: float | None = None
+    ) -> int:
+        """The larger of the address's and the account's recent failures (with ``more`` records counted too)."""
+        records = [*self._recent(now), *(more or [])]
+        from_address = sum(1 for _, where, _ in records if where == address)
+        for_account = sum(1 for _, _, name in records if account is not None and name == account)
+        return max(from_address, for_account)
 
     def _recent(self, now: float | None) -> deque[tuple[float, str, str | None]]:
         now = time.monotonic() if now is None else now
@@ -172,10 +215,7 @@ class LoginThrottle:
 
     def locked(self, address: str, account: str | None = None, now: float | None = None) -> bool:
         """Whether sign-ins from ``address``, or to ``account``, are refused for now."""
-        failures = self._recent(now)
-        from_address = sum(1 for _, where, _ in failures if where == address)
-        for_account = sum(1 for _, _, name in failures if account is not None and name == account)
-        return from_address >= self.limit or for_account >= self.limit
+        return self._worst(address, account, now=now) >= self.limit
 
     def failed(self, address: str, account: str | None = None, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now

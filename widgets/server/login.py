@@ -1,10 +1,11 @@
 """The dashboard's login: a Bokeh auth provider with a login page, server-side sessions and lockouts.
 
 Every page and websocket of the server asks ``get_user``, which looks the signed ``wb_user`` cookie's
-session id up in ``widgets.sessions`` (the gate in ``widgets.gate`` has already sent a request without a
+session id up in ``widgets.server.sessions`` (the gate in ``widgets.server.gate`` has already sent a request without a
 live session to ``/login``). The password is checked on a worker thread (``PasswordChecks``), never on
 the event loop; failed logins are counted per address and per account, and either one that fails too
-often is refused for a while (HTTP 429). ``/logout`` ends the session on the server, not only in the
+often is refused for a while (HTTP 429); a sign-in never fails for others' sign-ins under way (it waits
+for them, ``LoginThrottle.begin``). ``/logout`` ends the session on the server, not only in the
 browser. After a sign-in the browser goes to ``next`` (kept in a hidden field of the form, so a link to
 ``/?run=<id>`` survives the login) only if it is a path on this server; anything else goes to ``/``.
 Passwords never appear in a URL or a log: the form posts them, and only the user name is logged.
@@ -21,9 +22,9 @@ from bokeh.server.auth_provider import AuthProvider
 from tornado import httputil
 from tornado.web import RequestHandler
 
-from widgets.access import ChecksBusy, LoginThrottle, PasswordChecks
-from widgets.gate import LOGIN_URL, LOGOUT_URL, SmallBodyHandler
-from widgets.sessions import COOKIE, SESSION_DAYS, Sessions
+from widgets.server.access import ChecksBusy, LoginThrottle, PasswordChecks
+from widgets.server.gate import LOGIN_URL, LOGOUT_URL, SmallBodyHandler
+from widgets.server.sessions import COOKIE, SESSION_DAYS, Sessions
 
 log = logging.getLogger("workbench.dashboard")
 
@@ -89,16 +90,24 @@ class LoginHandler(SmallBodyHandler):
             self.set_header("Retry-After", "5")
             self._page("The server is busy. Try again in a few seconds.", next_url, status=503)
             return
-        self.throttle.failed(address, name)  # counted now, so that parallel guesses cannot pass the limit
+        if not await self.throttle.begin(address, name):  # waits while checks under way could pass the limit
+            self._page("Too many failed sign-ins. Try again later.", next_url, status=429)
+            return
+        user, busy = None, False
         try:
             user = await self.checks.authenticate(self.sessions.users, name, password)
         except ChecksBusy:
-            user = None
+            busy = True
+        finally:
+            self.throttle.end(address, name, failed=user is None and not busy)
+        if busy:
+            self.set_header("Retry-After", "5")
+            self._page("The server is busy. Try again in a few seconds.", next_url, status=503)
+            return
         if user is None:
             log.warning("login failed for user %r from %s", name, address)
             self._page("Unknown user or wrong password.", next_url, status=401)
             return
-        self.throttle.succeeded(address, name)
         log.info("login: %s (%s) from %s", user.name, user.role, address)
         self.set_signed_cookie(
             COOKIE,

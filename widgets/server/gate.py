@@ -2,7 +2,8 @@
 
 ``Gate`` is a tornado rule placed before every route of the server. It answers 400, for everyone, to a
 request malformed once percent-decoded (a control character in its path or query, a query argument that
-is not UTF-8 or a Bokeh argument Bokeh would choke on, a backslash or a ``..`` segment in its path). With
+is not UTF-8, a Bokeh argument Bokeh would choke on or one whose value could break the script Bokeh writes
+it into, such as ``/autoload.js?bokeh-autoload-element=...``, a backslash or a ``..`` segment in its path). With
 sign-in on, a request without a live session reaches only ``/login``, ``/logout`` and ``/favicon.ico``
 (the login page loads nothing else); any other page is sent to the login form (302, the page kept in
 ``next``), and everything else (static files, component resources, the websocket, the JSON API, unknown
@@ -31,7 +32,7 @@ from panel.io.server import ComponentResourceHandler
 from tornado.routing import Matcher, Rule
 from tornado.web import HTTPError, RequestHandler, stream_request_body
 
-from widgets.sessions import Sessions
+from widgets.server.sessions import Sessions
 
 #: The most of a request body the server reads, for any route (websocket messages are not bodies).
 MAX_BODY_BYTES = 64 * 1024
@@ -43,12 +44,16 @@ LOGOUT_URL = "/logout"
 PUBLIC_PATHS = frozenset({LOGIN_URL, LOGOUT_URL, "/favicon.ico"})
 
 
-#: What Bokeh takes as a session id from a URL (it makes 44 base62 characters; anything else may raise).
-BOKEH_SESSION_ID = re.compile(rb"[A-Za-z0-9_.\-]{1,256}")
-#: The Bokeh query arguments a URL may carry (never ``bokeh-token``: this server puts no token in a URL).
-BOKEH_ARGUMENTS = frozenset(
-    {"bokeh-session-id", "bokeh-autoload-element", "bokeh-absolute-url", "bokeh-app-path"}
-)
+#: The Bokeh query arguments a URL may carry (never ``bokeh-token``: this server puts no token in a URL), each
+#: with what it may hold. Bokeh takes a session id as it is (it makes 44 base62 characters; anything else may
+#: raise) and writes the others unescaped into the script it serves (``/autoload.js``): an element id, a
+#: path, a URL, without a character that could end a JavaScript string or the script.
+BOKEH_ARGUMENTS = {
+    "bokeh-session-id": re.compile(rb"[A-Za-z0-9_.\-]{1,256}"),
+    "bokeh-autoload-element": re.compile(rb"[A-Za-z0-9_.:\-]{1,256}"),
+    "bokeh-app-path": re.compile(rb"/[A-Za-z0-9_.~/\-]{0,1024}"),
+    "bokeh-absolute-url": re.compile(rb"https?://[A-Za-z0-9_.~:/%@\[\]\-]{1,2048}"),
+}
 
 
 def _control(text: str | bytes) -> bool:
@@ -58,7 +63,8 @@ def _control(text: str | bytes) -> bool:
 def bad_request(path: str, arguments: dict[str, list[bytes]] | None = None) -> bool:
     """Whether a request is malformed: once percent-decoded, a control character in its path or query
     arguments, an argument that is not UTF-8, a ``\\`` or a ``..`` segment in its path, or a Bokeh
-    argument Bokeh would choke on (``bokeh-token``, a malformed ``bokeh-session-id``)."""
+    argument Bokeh would choke on or that could break the script it lands in (``bokeh-token``, a value
+    ``BOKEH_ARGUMENTS`` does not allow)."""
     decoded = unquote(path, errors="replace")
     if _control(decoded) or "\\" in decoded or ".." in decoded.split("/"):
         return True
@@ -70,7 +76,11 @@ def bad_request(path: str, arguments: dict[str, list[bytes]] | None = None) -> b
         return True
     if any(name.startswith("bokeh-") and name not in BOKEH_ARGUMENTS for name in arguments):
         return True
-    return not all(BOKEH_SESSION_ID.fullmatch(v) for v in arguments.get("bokeh-session-id", []))
+    return not all(
+        allowed.fullmatch(value)
+        for name, allowed in BOKEH_ARGUMENTS.items()
+        for value in arguments.get(name, [])
+    )
 
 
 def _text(value: bytes) -> bool:
