@@ -18,8 +18,10 @@ TASKS = {
     "mars": ("multihop", {"hops": 1}),
     "mars_cpu": ("multihop", {"hops": 1}),
     "matpo": ("multihop", {"hops": 2}),
+    "matpo_cpu": ("multihop", {"hops": 1}),
     "hira": ("multihop", {"hops": 2}),
     "mas_orchestra": ("masbench", {"axis": "depth", "values": 2}),
+    "mas_orchestra_cpu": ("masbench_small", {"values": [1, 2, 3]}),
     "debate": ("arithmetic", {"level": 2}),
 }
 
@@ -50,7 +52,7 @@ def tiny():
     return HFBackend("tiny")
 
 
-def test_the_library_has_the_five_papers_marsrls_inference_loop_marsrl_and_mars_at_cpu_scale_and_a_debate():
+def test_the_library_has_the_five_papers_marsrls_inference_loop_four_at_cpu_scale_and_a_debate():
     assert set(TASKS) == set(topo.library())
 
 

@@ -69,8 +69,10 @@ def test_library_has_every_builtin() -> None:
         "mars",
         "mars_cpu",
         "matpo",
+        "matpo_cpu",
         "hira",
         "mas_orchestra",
+        "mas_orchestra_cpu",
         "debate",
     } == set(LIBRARY)
 

@@ -15,7 +15,7 @@ from typing import Any
 from workbench.engine.parsers import FormatError, UnreadableJson, loads_json, register_parser
 
 AGENT_NAMES = ("CoTAgent", "SCAgent", "DebateAgent", "ReflexionAgent", "WebSearchAgent")
-_PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_]+)\}")
+PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_]+)\}")
 
 
 def _tag(text: str, tag: str) -> str | None:
@@ -71,7 +71,7 @@ def parse_mas(text: str) -> dict[str, Any]:
         raise FormatError("agent ids must be unique")
     if len(agents) > 1 and not edges:
         raise FormatError("multiple agents require edges")
-    order, sink = _validate(ids, edges)
+    order, sink = validate_graph(ids, edges)
     return {
         "agents": agents,
         "edges": [list(e) for e in edges],
@@ -81,8 +81,8 @@ def parse_mas(text: str) -> dict[str, Any]:
     }
 
 
-def _validate(ids: list[str], edges: list[tuple[str, str]]) -> tuple[list[list[str]], str]:
-    """Topological levels and the unique sink, or a FormatError naming the broken rule."""
+def validate_graph(ids: list[str], edges: list[tuple[str, str]]) -> tuple[list[list[str]], str]:
+    """Topological levels and the unique sink, or a FormatError naming the broken rule (the paper's H.2 rules)."""
     known = set(ids)
     for a, b in edges:
         for end in (a, b):
@@ -132,4 +132,17 @@ def _validate(ids: list[str], edges: list[tuple[str, str]]) -> tuple[list[list[s
 
 def substitute(text: str, results: dict[str, str]) -> str:
     """Replace ``${ID}`` with the result of agent ID (unknown ids are left as written)."""
-    return _PLACEHOLDER.sub(lambda m: results.get(m.group(1), m.group(0)), text)
+    return PLACEHOLDER.sub(lambda m: results.get(m.group(1), m.group(0)), text)
+
+
+def degree(graph: Any) -> dict[str, float] | None:
+    """The degree of an emitted MAS: its sub-agents, its depth (the longest chain of agents, the number of
+    topological levels) and its edges; None when ``graph`` is not a parsed graph (a ``mas_xml`` or
+    ``mas_lines`` parser's output). A direct answer (no agent) has degree 0."""
+    if not isinstance(graph, dict) or not {"agents", "edges", "order"} <= graph.keys():
+        return None
+    return {
+        "agents": float(len(graph["agents"])),
+        "depth": float(len(graph["order"])),
+        "edges": float(len(graph["edges"])),
+    }

@@ -394,6 +394,7 @@ class Rollout:
                 "question": question,
                 "task": variables.get("task"),
                 "task_info": task_info,
+                "sub_task": sub_input,  # the sub-task alone ("" for the whole task): the repo's exclude-task variant
                 "roles": agent["roles"],
                 "agent": agent,
             }

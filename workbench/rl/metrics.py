@@ -1,8 +1,9 @@
 """Per-step training metrics, global and per role (the complete list is in docs/training.md).
 
 Rollout-side metrics come from the episodes (rewards, accuracy, format, lengths, tools, Verifier
-confusion); learning-side ones from the samples and the trainer (groups, clipping, KL, entropy,
-gradient norms and each role's share, tokens, policy-version lag). Verifier confusion takes
+confusion, the degree of the agent graphs an orchestrator emitted); learning-side ones from the samples
+and the trainer (groups, clipping, KL, entropy, gradient norms and each role's share, tokens,
+policy-version lag). Verifier confusion takes
 "the solution is correct" as the positive class: TP = said Correct about a correct solution,
 FP = said Correct about a wrong one, TN = said Wrong about a wrong one, FN = said Wrong about a
 correct one.
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from workbench.engine.mas_graph import degree
 from workbench.engine.records import EpisodeRecord
 from workbench.rewards.assign import verdict_of
 from workbench.rl.advantages import AdvantageStats
@@ -48,6 +50,10 @@ def rollout_metrics(
             bucket["tool_calls"].append(float(len(call.tool_calls)))
             for tool_call in call.tool_calls:
                 tools[tool_call.get("name", "?")] += 1
+            graph = degree(call.parsed)  # an orchestrator's emitted MAS (MAS-Orchestra)
+            if graph is not None:
+                for key, value in graph.items():
+                    bucket[f"mas/{key}"].append(value)
             if call.rewards:
                 bucket["reward"].append(call.rewards.get("reward", 0.0))
                 bucket["accuracy"].append(call.rewards.get("accuracy", 0.0))
@@ -86,6 +92,11 @@ def rollout_metrics(
             out["reward/mean"] = _mean(bucket["reward"])
             out["reward/std"] = float(np.std(bucket["reward"]))
             out["accuracy"] = _mean(bucket["accuracy"])
+        if bucket["mas/agents"]:  # over the graphs that parsed; the invalid ones are in format/rate
+            for key in ("agents", "depth", "edges"):
+                out[f"mas/{key}/mean"] = _mean(bucket[f"mas/{key}"])
+                out[f"mas/{key}/max"] = float(max(bucket[f"mas/{key}"]))
+            out["mas/direct/rate"] = _mean([float(n == 0) for n in bucket["mas/agents"]])
         confusion = {
             k: float(len(bucket.get(f"verifier/{k}", []))) for k in ("tp", "fp", "tn", "fn", "no_verdict")
         }

@@ -6,7 +6,7 @@
 Importing this package registers the built-in generators.
 """
 
-from workbench.tasks import arithmetic, masbench, multihop  # noqa: F401  (register generators)
+from workbench.tasks import arithmetic, masbench, masbench_small, multihop  # noqa: F401  (register generators)
 from workbench.tasks.errors import (
     EmptyTaskFileError,
     MalformedTaskFileError,

@@ -2,8 +2,8 @@
 
 A generator is a function ``fn(n: int, seed: int, **options) -> list[Task]`` that is deterministic
 in ``(seed, options)`` and uses only its own ``random.Random``. Register one with
-``@register_generator("name")``; the built-ins (``arithmetic``, ``multihop``, ``masbench``) register
-themselves when ``workbench.tasks`` is imported.
+``@register_generator("name")``; the built-ins (``arithmetic``, ``multihop``, ``masbench``,
+``masbench_small``) register themselves when ``workbench.tasks`` is imported.
 """
 
 from __future__ import annotations

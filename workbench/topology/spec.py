@@ -293,8 +293,9 @@ class DagNode(_Spec):
 
     ``dag`` evaluates to a parsed graph (the ``mas_xml`` parser's output: agents with id, name,
     input and roles; edges). Each agent runs the subflow its name maps to, with ``task_info`` (the
-    original task plus its sub-task, ``${ID}`` replaced by upstream results) and ``roles``; the
-    sink's answer lands in ``into``. Agents of one topological level run concurrently.
+    original task plus its sub-task, ``${ID}`` replaced by upstream results), ``sub_task`` (the
+    sub-task alone, empty for the whole task) and ``roles``; the sink's answer lands in ``into``.
+    Agents of one topological level run concurrently.
     """
 
     dag: str = Field(description="Expression giving the parsed graph.")
