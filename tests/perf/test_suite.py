@@ -263,6 +263,7 @@ def test_profiles_pass_only_options_the_benchmarks_accept(profile, quick):
             "precision@full-mid": "qwen2.5-1.5b",
             "precision@lora-big": "qwen2.5-7b",
             "trainer": "qwen2.5-0.5b",
+            "train_step": "qwen2.5-0.5b",
             "engine": "qwen2.5-0.5b",
             "backends": "Qwen/Qwen2.5-0.5B-Instruct",
             "schedulers": "Qwen/Qwen2.5-0.5B-Instruct",
