@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,23 @@ def run(coro):
 
 def test_engine_processes_are_children_of_this_process(engine):
     assert engine.spawned, "vLLM should run its engine core in a child process"
+
+
+def test_on_a_small_machine_the_model_worker_computes_on_every_cpu(engine):
+    """vLLM's own binding keeps one CPU for its busy-waiting engine core: on 2 cores, the model on one."""
+    import psutil
+
+    from workbench.backends.vllm import SMALL_MACHINE_CPUS, cpu_binding
+
+    ours = sorted(os.sched_getaffinity(0))
+    workers = [psutil.Process(pid) for pid in engine.spawned if "Worker" in psutil.Process(pid).name()]
+    assert workers, [psutil.Process(pid).name() for pid in engine.spawned]
+    if len(ours) <= SMALL_MACHINE_CPUS:  # vLLM pins each OpenMP thread of the worker to one CPU
+        for worker in workers:
+            pinned = set().union(*(os.sched_getaffinity(t.id) for t in worker.threads()))
+            assert sorted(pinned) == ours, (worker.name(), sorted(pinned))
+    assert cpu_binding([0, 1]) == {"VLLM_CPU_OMP_THREADS_BIND": "0,1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    assert cpu_binding(list(range(SMALL_MACHINE_CPUS + 1))) == {}  # vLLM's binding on larger machines
 
 
 def test_a_replay_on_vllm_reproduces_a_seeded_episode_and_keeps_its_prefix(engine, tmp_path):

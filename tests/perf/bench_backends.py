@@ -2,6 +2,7 @@
 
     python -m tests.perf.bench_backends --quick     # 32 prompts x 64 tokens on smollm2-135m, hf and vllm
     python -m tests.perf.bench_backends             # 128 prompts x 128 tokens, best of 2
+    python -m tests.perf.bench_backends --backends vllm,vllm-reserved   # vLLM's CPU thread binding against ours
 
 All prompts are submitted at once (``asyncio.gather``), as the engine does with many concurrent agent
 calls: the hf backend decodes them in left-padded batches of up to 32, vLLM batches them continuously.
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -67,12 +70,37 @@ def measure(backend: Any, prompts: list[list[int]], max_tokens: int, repeats: in
     return best
 
 
+#: vLLM's CPU build with its own thread binding (one CPU kept for the engine core) instead of the workbench's
+#: (every CPU for the model on a small machine: ``workbench.backends.vllm.cpu_binding``)
+VLLM_RESERVED = "vllm-reserved"
+
+
+@contextlib.contextmanager
+def vllm_binding(kind: str):
+    """vLLM's own CPU binding while a ``vllm-reserved`` engine starts (its processes read it then)."""
+    if kind != VLLM_RESERVED:
+        yield
+        return
+    saved = {
+        k: os.environ.pop(k, None) for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")
+    }
+    os.environ.update(VLLM_CPU_OMP_THREADS_BIND="auto", VLLM_CPU_NUM_OF_RESERVED_CPU="1")  # vLLM's defaults
+    try:
+        yield
+    finally:
+        os.environ.pop("VLLM_CPU_OMP_THREADS_BIND")
+        os.environ.pop("VLLM_CPU_NUM_OF_RESERVED_CPU")
+        os.environ.update({k: v for k, v in saved.items() if v is not None})
+
+
 def run(model: str, kinds: list[str], n_prompts: int, max_tokens: int, repeats: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for kind in kinds:
         started = time.perf_counter()
-        options = {"max_model_len": 1024} if kind == "vllm" else {}
-        backend = make_backend(kind, model, **options)
+        engine = "vllm" if kind == VLLM_RESERVED else kind
+        options = {"max_model_len": 1024} if engine == "vllm" else {}
+        with vllm_binding(kind):
+            backend = make_backend(engine, model, **options)
         startup = time.perf_counter() - started
         try:
             prompts = workload(backend.tokenizer, n_prompts)
@@ -96,7 +124,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="32 prompts x 64 tokens, one repeat")
     parser.add_argument("--model", default="smollm2-135m", help="registry name or checkpoint path")
-    parser.add_argument("--backends", default="hf,vllm", help="comma-separated backend kinds")
+    parser.add_argument(
+        "--backends",
+        default="hf,vllm",
+        help=f"comma-separated backend kinds ({VLLM_RESERVED}: vllm with one CPU kept for its engine core)",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON results")
     args = parser.parse_args(argv)
     n_prompts, max_tokens, repeats = (32, 64, 1) if args.quick else (128, 128, 2)
