@@ -111,7 +111,9 @@ def test_an_old_flat_config_loads_unchanged_and_is_stored_flat_as_before():
 def test_the_yaml_file_is_nested_by_section_and_reads_back():
     config = TrainConfig.from_yaml(OLD_FLAT)
     data = load_yaml(config.to_yaml())
-    assert list(SECTIONS) == [key for key in data if isinstance(data[key], dict) and key not in ("task_options", "vllm_options")]
+    assert list(SECTIONS) == [
+        key for key in data if isinstance(data[key], dict) and key not in ("task_options", "vllm_options")
+    ]
     assert data["optimizer"]["eps"] == 1e-8 and data["rollout"]["steps"] == 2 and data["seed"] == 0
     assert "learning_rate" not in data
 

@@ -129,4 +129,5 @@ def test_the_static_decode_refuses_an_attention_that_cannot_read_its_mask():
     model, tokenizer = load("tiny", attn_implementation="eager")
     with pytest.raises(ValueError, match="attention 'eager' does not"):
         HFBackend(model, tokenizer, decode="static")
-    assert HFBackend(model, tokenizer).decode_mode == "dynamic"  # auto: dynamic on a CPU (and for eager anywhere)
+    # auto: dynamic on a CPU (and for eager anywhere)
+    assert HFBackend(model, tokenizer).decode_mode == "dynamic"
