@@ -7,10 +7,14 @@ the process ``ray::RolloutWorker.rollout``) and SIGKILL it there, mid-step.
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import psutil
@@ -22,6 +26,7 @@ from workbench.cluster import RolloutPool, TrainerGroup, TrainerLostError, Worke
 from workbench.cluster.pool import shards
 from workbench.models import load as load_model
 from workbench.rl.config import TrainConfig
+from workbench.rl.loop import load_tasks_for, task_order
 from workbench.rl.policies import PolicySet, per_role_policies
 from workbench.rl.samples import Sample
 from workbench.rl.trainer import PolicyTrainer
@@ -39,13 +44,18 @@ def ray_cluster():
 
 
 def kill_a_worker_mid_rollout(timeout: float = 120.0, title: str = "ray::RolloutWorker.rollout") -> int:
-    """SIGKILL the first actor process seen executing ``title`` (a rollout by default); its pid."""
+    """SIGKILL the first actor process of this test's Ray cluster (a descendant of this process: the other
+    tests on the machine have their own) seen executing ``title`` (a rollout by default); its pid."""
     deadline = time.monotonic() + timeout
+    me = psutil.Process()
     while time.monotonic() < deadline:
-        for process in psutil.process_iter(["cmdline"]):
-            if title in " ".join(process.info["cmdline"] or []):
-                process.kill()
-                return process.pid
+        for process in me.children(recursive=True):
+            try:
+                if title in " ".join(process.cmdline()):
+                    process.kill()
+                    return process.pid
+            except psutil.Error:  # ended meanwhile
+                continue
         time.sleep(0.005)
     raise AssertionError(f"no actor was seen executing {title}")
 
@@ -89,9 +99,9 @@ def test_shards_are_contiguous_and_balanced():
     assert [x for part in shards(list(range(10)), 4) for x in part] == list(range(10))
 
 
-def test_a_cluster_needs_the_sync_scheduler_workers_and_a_cluster_for_trainers(tmp_path):
-    with pytest.raises(ValueError, match="cluster runs use the sync scheduler"):
-        config(tmp_path, cluster="local", scheduler="async")
+def test_a_cluster_needs_workers_and_a_cluster_for_trainers(tmp_path):
+    for scheduler in ("async", "pipeline"):  # every scheduler runs on a cluster
+        assert config(tmp_path, cluster="local", scheduler=scheduler).scheduler == scheduler
     with pytest.raises(ValueError, match="cluster_workers must be a positive integer"):
         config(tmp_path, cluster="local", cluster_workers=0)
     with pytest.raises(ValueError, match="cluster_trainers needs a cluster"):
@@ -315,3 +325,79 @@ def test_a_rollout_worker_owns_a_vllm_engine_that_serves_each_steps_adapters(ray
     assert_each_step_stores_every_episode_once(run_dir, 2, 2 * 2)
     calls = wb.RunReader(run_dir).calls(columns=["step", "policy_version"])
     assert calls.groupby("step")["policy_version"].unique().map(list).to_dict() == {0: [0], 1: [1]}
+
+
+def wait_for(done, process: subprocess.Popen, log: Path, timeout: float = 300.0) -> None:
+    """Until ``done()``; fails with the process's log if it ends first or ``timeout`` s pass."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheduler", ["async", "pipeline"])
+def test_an_overlapping_scheduler_survives_a_lost_worker_and_a_kill_9_storing_each_step_once(
+    ray_cluster, tmp_path, scheduler
+):
+    """MarsRL (marsrl_cpu) on two rollout workers under ``async`` or ``pipeline``, rolling out beside the
+    update (max_staleness 1): a worker SIGKILLed in a rollout call is replaced; the training process,
+    SIGKILLed after step 2 (its checkpoint: step 1), resumes there, redoes step 2, stores each step once."""
+    import ray
+
+    fields = dict(topology="marsrl_cpu", scheduler=scheduler, max_staleness=1, steps=5, checkpoint_every=2)
+    # the killed run joins this module's cluster as a second driver; its actors die with it
+    first = config(tmp_path, cluster=ray.get_runtime_context().gcs_address, **fields)
+    run_dir = create(first)
+    log = tmp_path / "killed.log"
+    with open(log, "w") as out:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "workbench.cli", "train", "--resume", str(run_dir)],
+            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(lambda: "step 0:" in log.read_text(), driver, log)
+        kill_a_worker_mid_rollout(
+            title="ray::RolloutWorker." + ("level" if scheduler == "pipeline" else "rollout")
+        )
+        wait_for(lambda: re.search(r"^step 2:", log.read_text(), re.M) is not None, driver, log)
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(30)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    text = log.read_text()
+    # one replacement: a later batch queued on the lost worker goes to it, not to a second one
+    assert text.count("died (ActorDiedError); replacing it") == 1, text
+    stored = wb.RunReader(run_dir).steps()["step"].tolist()
+    assert stored[:3] == [0, 1, 2] and 4 not in stored, text
+
+    lines: list[str] = []
+    resumed = config(tmp_path, cluster="local", **fields)  # this process's cluster
+    assert run_training(resumed, run_dir, log=lines.append) == "finished"
+    assert "resuming after step 1" in "\n".join(lines) and "discarded steps [2" in "\n".join(lines), lines
+    reader = wb.RunReader(run_dir)
+    if scheduler == "async":
+        assert_each_step_stores_every_episode_once(run_dir, 5, 4 * 4)
+    else:  # an episode is stored at the step its group finished: each problem of each step's batch, once
+        assert reader.integrity_check() == "ok" and reader.steps()["step"].tolist() == list(range(5))
+        tasks, _ = load_tasks_for(resumed)
+        batches = [tasks[i].id for step in range(5) for i in task_order(16, step, 4, resumed.seed)]
+        episodes = reader.episodes()
+        assert Counter(episodes["task_id"]) == Counter({t: 4 * n for t, n in Counter(batches).items()})
+    calls = reader.calls()
+    versions = reader.steps().set_index("step")["policy_version"]
+    solvers = calls[calls["role"] == "solver"]  # all trained (verdict balancing drops some Verifier calls)
+    assert solvers["advantage"].notna().all(), "every Solver call stored with the advantage it trained with"
+    trained = calls[calls["timings"].map(lambda t: "trained_step" in t)]
+    assert trained["advantage"].notna().all() and len(trained) >= len(solvers)
+    trained_at = trained["timings"].map(lambda t: t["trained_step"])
+    lag = trained_at.map(versions) - trained["policy_version"]
+    assert lag.between(0, 1).all() and lag.max() == 1, lag.value_counts().to_dict()  # beside the update
+    wide = reader.metrics_wide()
+    assert (wide["cluster/workers"] == 2.0).all()
+    if scheduler == "pipeline":  # trained at the step its level ran, stored when its episode ended
+        assert (trained_at < trained["step"]).any(), "a Solver trained before its Verifier had run"
+        assert "cluster/groups_restarted" in wide.columns

@@ -4,6 +4,7 @@
     python -m tests.perf.bench_schedulers                # smollm2-135m, 10 steps x 2 problems
     python -m tests.perf.bench_schedulers --quick --only all --rounds 3   # every variant, alternating
     python -m tests.perf.bench_schedulers --backend vllm --model Qwen/Qwen2.5-0.5B-Instruct   # GPU profile
+    OMP_NUM_THREADS=1 python -m tests.perf.bench_schedulers --ray --rounds 4   # local Ray, 2 rollout workers
 
 The workload is a grouped three-agent chain in MarsRL's shape (Solver sampled G times; 2 solutions
 selected at random for a Verifier sampled G times each; 2 verifications selected for a Corrector),
@@ -22,6 +23,13 @@ Where the gains come from (hf backend, CPU): the pipeline decodes a step's Solve
 Correctors as one batch that sheds rows as they finish, so one long tail a step instead of three;
 with segments it decodes at most one segment of each call a step (the rest carries over, re-reading
 its prompt); async rolls the next batch out (its own weight copy) while the update runs on this one.
+
+``--ray``: the rollout on two Ray rollout workers (a local cluster, started once), the update in the driver, on
+MarsRL's ``marsrl_cpu`` workload (tiny model, arithmetic): the long-tail wrapper cannot reach the workers'
+backends, so lengths are the model's own and the token ratios are reported beside. Results go to
+tests/perf/results/schedulers_ray.json. Run it with ``OMP_NUM_THREADS=1`` (Ray gives each worker one thread; the
+training process otherwise takes two): on a busy 2-core machine OpenMP's waiting threads made single runs up to
+50x slower and the ratios noise.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import asyncio
 import dataclasses
 import hashlib
 import math
+import os
 import random
 import re
 import statistics
@@ -51,6 +60,7 @@ from workbench.topology import from_dict
 from workbench.training import create
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "schedulers.json"
+RAY_OUT = Path(__file__).parent / "results" / "schedulers_ray.json"
 
 
 @register("even_length_bench")
@@ -151,6 +161,8 @@ class LongTail(BackendWrapper):
 def run_one(name: str, options: dict, args: argparse.Namespace, base: Path) -> dict[str, float]:
     if options.get("segment_len") == "2 x median":
         options = {**options, "segment_len": 2 * args.median}
+    if args.ray:
+        return run_on_ray(name, options, args, base)
     config = TrainConfig(
         model=args.model,
         backend=args.backend,
@@ -185,6 +197,37 @@ def run_one(name: str, options: dict, args: argparse.Namespace, base: Path) -> d
         )
     finally:
         loop.rollout_backends = original
+    return measured(run_dir, args)
+
+
+def run_on_ray(name: str, options: dict, args: argparse.Namespace, base: Path) -> dict[str, float]:
+    """The run on two rollout workers of the local Ray cluster (``main`` started it), MarsRL's CPU workload."""
+    from workbench.training import run_training
+
+    config = TrainConfig(
+        model=args.model,
+        topology="marsrl_cpu",
+        tasks="arithmetic",
+        n_tasks=64,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        group_size=args.group_size,
+        learning_rate=1e-6,
+        checkpoint_every=10_000,
+        keep_checkpoints=1,
+        runs_dir=str(base / name),
+        seed=0,
+        cluster="local",
+        cluster_workers=2,
+        **options,
+    )
+    run_dir = create(config)
+    run_training(config, run_dir, log=lambda message: None)
+    return measured(run_dir, args)
+
+
+def measured(run_dir: Path, args: argparse.Namespace) -> dict[str, float]:
+    """A finished run's throughput, from what it stored."""
     reader = RunReader(run_dir)
     wide = reader.metrics_wide()
     calls = reader.calls(columns=["n_completion"])
@@ -224,18 +267,28 @@ def main(argv: list[str] | None = None) -> dict:
         help=f"schedulers to run, comma-separated, of {', '.join(SCHEDULERS)} (or: all); default "
         "sync,pipeline,async (--quick) or sync,pipeline,pipeline+segments,async",
     )
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--ray",
+        action="store_true",
+        help="roll out on 2 workers of a local Ray cluster (marsrl_cpu, tiny model)",
+    )
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    args.model = args.model or ("tiny" if args.quick else "smollm2-135m")
+    args.out = args.out or (RAY_OUT if args.ray else DEFAULT_OUT)
+    args.model = args.model or ("tiny" if args.quick or args.ray else "smollm2-135m")
     args.steps = args.steps or (6 if args.quick else 10)
     args.only = args.only or (
-        "sync,pipeline,async" if args.quick else "sync,pipeline,pipeline+segments,async"
+        "sync,pipeline+overlap,async"
+        if args.ray
+        else "sync,pipeline,async"
+        if args.quick
+        else "sync,pipeline,pipeline+segments,async"
     )
     if args.steps < args.warmup + 2:
         parser.error(
             f"--steps must be at least --warmup + 2 = {args.warmup + 2} (a steady window of one step)"
         )
-    args.batch_size = args.batch_size or (4 if args.quick else 2)
+    args.batch_size = args.batch_size or (4 if args.quick or args.ray else 2)
     args.median = args.median or (12 if args.quick else 24)
     args.cap = args.cap or (96 if args.quick else 192)
     args.rounds = args.rounds or 1
@@ -243,16 +296,34 @@ def main(argv: list[str] | None = None) -> dict:
     if "sync" not in names:
         names.insert(0, "sync")
     rounds: dict[str, list[dict]] = {n: [] for n in names}
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.rounds):
-            for name in names if r % 2 == 0 else reversed(names):
-                rounds[name].append(run_one(name, SCHEDULERS[name], args, Path(tmp) / f"round{r}"))
+    if args.ray:
+        import ray
+
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for r in range(args.rounds):
+                for name in names if r % 2 == 0 else reversed(names):
+                    rounds[name].append(run_one(name, SCHEDULERS[name], args, Path(tmp) / f"round{r}"))
+    finally:
+        if args.ray:
+            ray.shutdown()
     summary = {n: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for n, rs in rounds.items()}
     sync = summary["sync"]
     result = {
-        "mode": "quick" if args.quick else "full",
+        "mode": "ray" if args.ray else "quick" if args.quick else "full",
         "model": args.model,
         "workload": {
+            "topology": "marsrl_cpu on 2 Ray rollout workers (update in the driver)",
+            "length_distribution": "the model's own completion lengths (the long-tail wrapper cannot reach the workers)",
+            "steps": args.steps,
+            "batch_size": args.batch_size,
+            "group_size": args.group_size,
+            "rounds": args.rounds,
+            "steady_steps": [args.warmup, args.steps - 2],
+        }
+        if args.ray
+        else {
             "topology": "solver -> verifier -> corrector, grouped (G samples, 2 selected a level)",
             "steps": args.steps,
             "batch_size": args.batch_size,
@@ -282,7 +353,10 @@ def main(argv: list[str] | None = None) -> dict:
         },
         "schedulers": summary,
         "rounds_raw": rounds,
-        "machine": machine(),
+        "machine": machine(
+            load_average=[round(x, 2) for x in os.getloadavg()],
+            omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
+        ),
         "when": now(),
     }
     write_json(args.out, result)

@@ -9,7 +9,7 @@
 #
 # From a session with the device tool, two calls on one warm machine (one 10-minute command each):
 #   run(command="GPU_ONLY=precision,trainer timeout 570 bash tests/perf/gpu_check.sh", carry=[".whl"], timeout_s=600)
-#   run(command="GPU_ONLY=engine,train_step timeout 570 bash tests/perf/gpu_check.sh", carry=[".whl"], timeout_s=600)
+#   run(command="GPU_ONLY=data_parallel,engine,train_step timeout 570 bash tests/perf/gpu_check.sh", carry=[".whl"], timeout_s=600)
 # then unpack each $OUT/gpu-results.tgz into tests/perf/results/gpu/ here and run `python -m tests.perf.report`.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,7 +26,7 @@ case "${1:-}" in
     export PERF_DEVICE=cpu PERF_SMALL=qwen2-mini PERF_MID=qwen2-mini PERF_BIG=qwen2-mini PERF_SAMPLES=8 \
       PERF_PROMPT=32 PERF_COMPLETION=32 PERF_TOKEN_BUDGET=1024 PERF_STEPS=1 PERF_TASKS=4 PERF_MAX_TOKENS=8 \
       PERF_TRL_SAMPLES=8 PERF_TRL_PROMPT=32 PERF_TRL_COMPLETION=32 PERF_TRAIN_STEPS=2 PERF_TRAIN_BATCH=2 \
-      PERF_MID_VARIANTS=bf16 PERF_BIG_VARIANTS=bf16+ckpt  # full-small runs all three: one process each is enough
+      PERF_MID_VARIANTS=bf16 PERF_BIG_VARIANTS=bf16+ckpt PERF_RANKS=2  # full-small runs all three: one process each is enough
     OUT_DIR=${GPU_REHEARSAL_OUT:-artifacts/perf/gpu-rehearsal};;
   "") nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || exit 1;;
   *) echo "usage: $0 [--fetch-wheels | --device cpu]" >&2; exit 2;;
@@ -37,8 +37,9 @@ if [ -d .whl ] && ! $PY -c 'import trl, pydantic' 2>/dev/null; then
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TQDM_DISABLE=1 HF_HUB_OFFLINE=1
 # GPU_ONLY picks and orders the runs. All four take more than one 10-minute slot: the update's figures (issue 35)
-# are GPU_ONLY=precision,trainer, the rollout's (issue 36) GPU_ONLY=engine,train_step; run them as two calls.
-$PY -m tests.perf --profile gpu --only "${GPU_ONLY:-precision,trainer,engine,train_step}" --timeout "${GPU_TIMEOUT:-200}" \
+# are GPU_ONLY=precision,trainer, the rollout's (issue 36) GPU_ONLY=data_parallel,engine,train_step (the trainer
+# ranks' NCCL path first, issue 39: a minute); run them as two calls.
+$PY -m tests.perf --profile gpu --only "${GPU_ONLY:-precision,trainer,data_parallel,engine,train_step}" --timeout "${GPU_TIMEOUT:-200}" \
   --out "$OUT_DIR"
 status=$?
 if [ -n "${OUT:-}" ]; then tar czf "$OUT/gpu-results.tgz" -C "$OUT_DIR" .; fi  # '@' cannot travel in a file name

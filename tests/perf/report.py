@@ -276,7 +276,7 @@ def render_schedulers(r: dict) -> str:
         else ""
     )
     lines = [
-        f"**Schedulers on a long-tail workload** ({r['mode']} mode, {r.get('model', '')}, "
+        f"**Schedulers {'on Ray rollout workers' if r['mode'] == 'ray' else 'on a long-tail workload'}** ({r['mode']} mode, {r.get('model', '')}, "
         f"{w.get('topology', '')}; {shape}; {lengths}; {m['cpus']} CPUs, {r['when']}): samples trained per "
         "second of each scheduler, the schedulers taking turns in one run (ratio = its samples/s / sync's)"
         + (f"; steady: {window}; whole run: every step, fill and drain included." if steady else "."),
@@ -341,6 +341,7 @@ RENDERERS = {
     "dashboard_queries": render_dashboard_queries,
     "dashboard_load": render_dashboard_load,
     "schedulers": render_schedulers,
+    "schedulers_ray": render_schedulers,
     "replay": render_replay,
     "replay_vllm": render_replay,
     "prefix": render_prefix,

@@ -81,6 +81,31 @@ def _schedulers(r: dict) -> list[dict]:
     ]
 
 
+def _schedulers_ray(r: dict) -> list[dict]:
+    return [
+        headline(
+            f"{key.removesuffix('_vs_sync')} vs sync on Ray",
+            value,
+            f"whole-run samples/s of {key.removesuffix('_vs_sync')} / of sync, {r['workload']['topology']}, "
+            "max_staleness 1 (> 1 = faster)",
+        )
+        for key, value in r["run_ratios"].items()
+    ]
+
+
+def _data_parallel(r: dict) -> list[dict]:
+    return [
+        headline(
+            f"{size} trainer rank(s) ({g['backend']}) vs one process",
+            g["step_s"] / r["alone"]["step_s"],
+            f"step time of the group on {r['device']} / of a lone trainer, same batch; its update within "
+            f"{g['update_max_rel_diff']:.1e} of the lone one's",
+        )
+        for size, g in r["groups"].items()
+        if "error" not in g
+    ]
+
+
 def _binpack(r: dict) -> list[dict]:
     runs = r["distributions"]
     attainable = [d["ratio_max"] for d in runs.values() if d.get("ratio_to_optimum") is None]
@@ -259,6 +284,12 @@ BENCHMARKS: dict[str, Benchmark] = {
     "precision": Benchmark("bench_precision", "bf16 and gradient checkpointing against fp32", _precision),
     "schedulers": Benchmark(
         "bench_schedulers", "pipeline and async schedulers against synchronous", _schedulers
+    ),
+    "schedulers_ray": Benchmark(
+        "bench_schedulers", "the schedulers on 2 Ray rollout workers", _schedulers_ray, needs=("ray",)
+    ),
+    "data_parallel": Benchmark(
+        "bench_data_parallel", "data-parallel trainer ranks against one process", _data_parallel
     ),
     "binpack": Benchmark("bench_binpack", "ffd_pack against plain FFD loops", _binpack),
     "packing": Benchmark("bench_packing", "padding-free packing against padded batches", _packing),

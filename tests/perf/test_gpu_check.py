@@ -40,6 +40,7 @@ def rehearsal(tmp_path_factory) -> dict:
 
 def test_every_gpu_step_ran(rehearsal):
     assert sorted(rehearsal) == [
+        "data_parallel",
         "engine",
         "precision@full-mid",
         "precision@full-small",
@@ -67,6 +68,14 @@ def test_precision_steps_report_every_variant_and_the_cpu_device_comparison(rehe
     assert lora["lora"] and all("error" not in v for v in lora["variants"].values())
     full = rehearsal["precision@full-mid"]["variants"]["bf16"]["trainable_parameters"]
     assert lora["variants"]["bf16+ckpt"]["trainable_parameters"] < full  # adapters only (with checkpointing)
+
+
+def test_two_trainer_ranks_apply_the_update_one_process_would(rehearsal):
+    run = rehearsal["data_parallel"]
+    group = run["groups"]["2"]  # on a GPU: also one rank over NCCL
+    assert group["backend"] == "gloo" and group["ranks_agree"]
+    assert group["loss_rel_diff"] < 1e-5 and group["grad_norm_rel_diff"] < 1e-4
+    assert group["update_max_rel_diff"] < 1e-2  # AdamW's first step is about lr * sign(gradient)
 
 
 def test_a_whole_training_step_reports_its_phases_under_both_schedulers(rehearsal):

@@ -23,8 +23,9 @@ pytestmark = pytest.mark.perf
 
 OUT = suite.ARTIFACTS
 NEEDS_VLLM = [name for name, b in suite.BENCHMARKS.items() if "vllm" in b.needs]
-# the GPU script's rehearsal (tests/perf/test_gpu_check.py) runs bench_precision and bench_train_step already
-LEFT_OUT = [*NEEDS_VLLM, "precision", "train_step"]
+# the GPU script's rehearsal (tests/perf/test_gpu_check.py) runs bench_precision, bench_train_step and
+# bench_data_parallel already; tests/test_cluster.py runs the schedulers on Ray
+LEFT_OUT = [*NEEDS_VLLM, "precision", "train_step", "data_parallel", "schedulers_ray"]
 PACKING_TIMED = ("packed", "packed_blocks", "padded_sorted", "padded_unsorted")
 
 
@@ -264,6 +265,7 @@ def test_profiles_pass_only_options_the_benchmarks_accept(profile, quick):
             "precision@lora-big": "qwen2.5-7b",
             "trainer": "qwen2.5-0.5b",
             "train_step": "qwen2.5-0.5b",
+            "data_parallel": "qwen2.5-0.5b",
             "engine": "qwen2.5-0.5b",
             "backends": "Qwen/Qwen2.5-0.5B-Instruct",
             "schedulers": "Qwen/Qwen2.5-0.5B-Instruct",

@@ -80,7 +80,7 @@ BAD_FIELDS = [
     ({"run_id": "../elsewhere"}, "run_id: run id '../elsewhere' is not usable as a directory name"),
     ({"policies": "weird"}, "policies must be shared, lora or separate"),
     ({"scheduler": "fast"}, "scheduler must be sync, async or pipeline"),
-    ({"scheduler": "async", "cluster": "local"}, "cluster runs use the sync scheduler"),
+    ({"cluster_trainers": 2}, "cluster_trainers needs a cluster"),
     ({"eval_every": 5}, "eval_every needs held-out tasks to score: set eval_tasks > 0"),
     ({"bogus": 1}, r"unknown training config field\(s\) \['bogus'\]"),
 ]

@@ -1,20 +1,23 @@
 """A training run's parts on the cluster: what ``workbench.rl.loop.setup`` builds them with when the config
 names a cluster (``workbench.training.run_training`` passes them; the loop itself knows nothing of Ray).
 
-The rollout always runs on a pool of workers; the update runs on a group of trainer ranks with
-``cluster_trainers``, else in the driver as without a cluster.
+The rollout always runs on a pool of workers, under the scheduler the config names (sync, async or
+pipeline); the update runs on a group of trainer ranks with ``cluster_trainers``, else in the driver as
+without a cluster.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from workbench.cluster.pipeline import ClusterPipelineScheduler
 from workbench.cluster.placement import Needs, run_needs
 from workbench.cluster.pool import RolloutPool
-from workbench.cluster.scheduler import ClusterScheduler
+from workbench.cluster.scheduler import ClusterAsyncScheduler, ClusterScheduler
 from workbench.cluster.trainers import TrainerGroup
 from workbench.engine import plugins
 from workbench.rl.loop import Run, local_trainer
+from workbench.rl.scheduling import pipeline
 from workbench.topology import to_dict
 
 
@@ -44,9 +47,11 @@ def trainer_for(run: Run, reference: Any) -> Any:
     )
 
 
-def scheduler_for(run: Run) -> ClusterScheduler:
-    """The sync schedule with each step's rollout on a pool of ``cluster_workers`` rollout workers."""
+def scheduler_for(run: Run) -> Any:
+    """The config's scheduler with the rollout on a pool of ``cluster_workers`` rollout workers."""
     config = run.config
+    if config.scheduler == "pipeline":  # a topology or setting it cannot run fails before any worker starts
+        pipeline.check(run.engine, config.max_staleness, bool(config.segment_len))
     pool = RolloutPool(
         config.cluster,
         to_dict(run.topology),
@@ -59,4 +64,22 @@ def scheduler_for(run: Run) -> ClusterScheduler:
         plugins=plugins.snapshot(),
         needs=needs(run),
     )
-    return ClusterScheduler(pool, run.batch_for, config.group_size, run.policies.state, run.policy_version)
+    try:
+        weights, version = run.policies.state, run.policy_version
+        if config.scheduler == "async":
+            return ClusterAsyncScheduler(
+                pool,
+                run.batch_for,
+                config.group_size,
+                weights,
+                version,
+                run.start,
+                config.steps,
+                config.max_staleness,
+            )
+        if config.scheduler == "pipeline":
+            return ClusterPipelineScheduler(pool, run.batch_for, weights, version, config.steps)
+        return ClusterScheduler(pool, run.batch_for, config.group_size, weights, version)
+    except BaseException:
+        pool.close()
+        raise

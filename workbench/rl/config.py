@@ -214,8 +214,6 @@ class TrainConfig:
                 "judge_backend carries credentials, a query or a fragment; give scheme://host:port[/path] and "
                 "the key in $OPENAI_API_KEY"
             )
-        if self.cluster is not None and self.scheduler != "sync":
-            problems.append(f"cluster runs use the sync scheduler, got scheduler {self.scheduler!r}")
         if self.cluster_trainers and self.cluster is None:
             problems.append("cluster_trainers needs a cluster (set cluster: local or a Ray address)")
         if isinstance(self.eval_every, int) and self.eval_every > 0 and self.eval_tasks == 0:

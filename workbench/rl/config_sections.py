@@ -129,7 +129,7 @@ class ClusterSection:
     cluster: str | None = _f(
         None,
         "Where rollouts run: None (this process), local (a Ray cluster started on this machine), or the address "
-        "of a running Ray cluster (ray://host:10001, or auto for the one `ray start` made here). sync scheduler.",
+        "of a running Ray cluster (ray://host:10001, or auto for the one `ray start` made here); any scheduler.",
     )
     cluster_workers: int = _f(2, "Rollout workers (Ray actors, each with its own copy of the policies).")
     cluster_cpus_per_worker: float = _f(1.0, "CPUs Ray reserves for each rollout worker.")

@@ -21,6 +21,12 @@ from workbench.engine.runner import Rollout
 from workbench.rl.scheduling.base import BatchFor, StepRollout
 
 
+def admits(batch: int, published: int, max_staleness: int) -> bool:
+    """Whether batch ``batch`` may start once the update of step ``published`` has reached the rollout
+    (``workbench.cluster`` keeps its workers to the same bound)."""
+    return batch - max_staleness - 1 <= published
+
+
 class AsyncScheduler:
     def __init__(
         self,
@@ -42,7 +48,7 @@ class AsyncScheduler:
 
     def _admit(self, published: int) -> None:
         """Start every batch the bound allows once the update of step ``published`` is live."""
-        while self.next_batch < self.last_step and self.next_batch - self.max_staleness - 1 <= published:
+        while self.next_batch < self.last_step and admits(self.next_batch, published, self.max_staleness):
             coroutine = self.engine.run(self.batch_for(self.next_batch), group_size=self.group_size)
             self.batches[self.next_batch] = asyncio.run_coroutine_threadsafe(coroutine, self.loop.loop)
             self.next_batch += 1

@@ -52,6 +52,30 @@ def overlaps(max_staleness: int, carry: bool) -> bool:
     return not carry and max_staleness >= 1
 
 
+def check(engine: Rollout, max_staleness: int, carry: bool) -> None:
+    """Raise ``ValueError`` when the pipeline cannot run ``engine``'s topology with these settings (a cluster
+    run checks this in the driver before its workers start)."""
+    if not engine.grouped_mode:
+        raise ValueError(
+            "scheduler 'pipeline' runs grouped flows (a node with select, as MarsRL's); this topology "
+            "has none: use scheduler 'async' for episode-level overlap"
+        )
+    if carry:
+        several = [
+            name for name, node in engine.topology.flow.nodes.items() if not isinstance(node, CallNode)
+        ]
+        if several:
+            raise ValueError(
+                f"the pipeline with segment_len carries calls of single-generation nodes (call nodes) only; "
+                f"{', '.join(several)} may generate several times a step (agent, map or dag nodes): drop "
+                "segment_len or use scheduler 'async'"
+            )
+    if not isinstance(max_staleness, int) or max_staleness < 0 or (not carry and max_staleness > 1):
+        raise ValueError(
+            f"max_staleness of the pipeline is 0 or 1 (an integer >= 0 with segment_len), got {max_staleness!r}"
+        )
+
+
 class PipelineScheduler:
     def __init__(
         self,
@@ -63,26 +87,8 @@ class PipelineScheduler:
         drain_every: int | None = None,
         carry: bool = False,
     ):
-        if not engine.grouped_mode:
-            raise ValueError(
-                "scheduler 'pipeline' runs grouped flows (a node with select, as MarsRL's); this topology "
-                "has none: use scheduler 'async' for episode-level overlap"
-            )
-        if carry:
-            several = [
-                name for name, node in engine.topology.flow.nodes.items() if not isinstance(node, CallNode)
-            ]
-            if several:
-                raise ValueError(
-                    f"the pipeline with segment_len carries calls of single-generation nodes (call nodes) only; "
-                    f"{', '.join(several)} may generate several times a step (agent, map or dag nodes): drop "
-                    "segment_len or use scheduler 'async'"
-                )
+        check(engine, max_staleness, carry)
         self.engine, self.batch_for, self.group_size = engine, batch_for, group_size
-        if not isinstance(max_staleness, int) or max_staleness < 0 or (not carry and max_staleness > 1):
-            raise ValueError(
-                f"max_staleness of the pipeline is 0 or 1 (an integer >= 0 with segment_len), got {max_staleness!r}"
-            )
         self.last_step, self.drain_every = last_step, drain_every
         self.overlap = overlaps(max_staleness, carry)
         self.max_carry = max_staleness if carry else 0
