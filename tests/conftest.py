@@ -44,8 +44,19 @@ VLLM_PARAMS = {"vllm", "openai"}
 
 # The parallel phase hands whole files to its two workers in collection order (--dist loadfile with
 # --no-loadscope-reorder; xdist would otherwise order files by their number of tests). The longest files go
-# first, so that neither worker is left running one of them alone at the end.
-LONGEST_FIRST = ("test_learning.py", "test_cluster.py")
+# first, longest first (`make test PYTEST_ARGS=--durations=60`), so that the phase ends on short files on both
+# workers instead of one worker running a long one alone at the end.
+LONGEST_FIRST = (
+    "test_learning.py",  # one 25-step training run, about 600 s
+    "test_cluster.py",
+    "test_suite.py",  # the quick benchmark suite
+    "test_reports.py",  # `workbench reproduce all`
+    "test_gpu_check.py",  # the GPU script's CPU rehearsal
+    "test_editor.py",
+    "test_crash_safety.py",
+    "test_readme_commands.py",
+    "training.ipynb",
+)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -53,7 +64,8 @@ def pytest_collection_modifyitems(config, items):
         params = getattr(getattr(item, "callspec", None), "params", {})
         if item.path.name in VLLM_MODULES or VLLM_PARAMS & {v for v in params.values() if isinstance(v, str)}:
             item.add_marker(pytest.mark.vllm)
-    items.sort(key=lambda item: item.path.name not in LONGEST_FIRST)  # stable: the rest keep their order
+    first = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: first.get(item.path.name, len(first)))  # stable: the rest keep their order
 
 
 # --- end vLLM phase ---
