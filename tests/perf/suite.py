@@ -69,28 +69,30 @@ def _trainer(r: dict) -> list[dict]:
     ]
 
 
-def _schedulers(r: dict) -> list[dict]:
+def _vs_sync(ratios: dict[str, float], measure: str, meaning: str) -> list[dict]:
+    """One headline a scheduler: ``measure`` and ``meaning`` name it as ``{name}``."""
+    names = {key: key.removesuffix("_vs_sync") for key in ratios}
     return [
-        headline(
-            f"{key.removesuffix('_vs_sync')} vs sync",
-            value,
-            f"samples/s of {key.removesuffix('_vs_sync')} / samples/s of sync in steady state, long-tail lengths "
-            "(> 1 = faster)",
-        )
-        for key, value in r["ratios"].items()
+        headline(measure.format(name=names[k]), v, meaning.format(name=names[k])) for k, v in ratios.items()
     ]
+
+
+def _schedulers(r: dict) -> list[dict]:
+    return _vs_sync(
+        r["ratios"],
+        "{name} vs sync",
+        "samples/s of {name} / samples/s of sync in steady state, long-tail lengths (> 1 = faster)",
+    )
 
 
 def _schedulers_ray(r: dict) -> list[dict]:
-    return [
-        headline(
-            f"{key.removesuffix('_vs_sync')} vs sync on Ray",
-            value,
-            f"whole-run samples/s of {key.removesuffix('_vs_sync')} / of sync, {r['workload']['topology']}, "
-            "max_staleness 1 (> 1 = faster)",
-        )
-        for key, value in r["run_ratios"].items()
-    ]
+    return _vs_sync(
+        r["run_ratios"],
+        "{name} vs sync on Ray",
+        "whole-run samples/s of {name} / of sync, "
+        + r["workload"]["topology"]
+        + ", max_staleness 1 (> 1 = faster)",
+    )
 
 
 def _data_parallel(r: dict) -> list[dict]:
@@ -255,15 +257,12 @@ def _train_step(r: dict) -> list[dict]:
             "device (update share: the rest, mostly)",
         )
     ]
-    out += [
-        headline(
-            f"{name.removesuffix('_vs_sync')} vs sync (one device)",
-            value,
-            f"trained samples/s of {name.removesuffix('_vs_sync')} / of sync, whole training steps, "
-            f"{r['workload']['topology']} on {r['model']} (> 1 = faster)",
-        )
-        for name, value in r["ratios"].items()
-    ]
+    out += _vs_sync(
+        r["ratios"],
+        "{name} vs sync (one device)",
+        "trained samples/s of {name} / of sync, whole training steps, "
+        + f"{r['workload']['topology']} on {r['model']} (> 1 = faster)",
+    )
     return out
 
 
