@@ -22,15 +22,15 @@ group finishes.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
-from workbench.backends.loop_thread import run_sync
 from workbench.cluster.pool import RolloutPool, shards
+from workbench.cluster.scheduler import OnPool
 from workbench.rl.scheduling.base import BatchFor, StepRollout
 
 
-class ClusterPipelineScheduler:
+class ClusterPipelineScheduler(OnPool):
     def __init__(
         self,
         pool: RolloutPool,
@@ -120,9 +120,3 @@ class ClusterPipelineScheduler:
     def published(self, step: int) -> None:
         self.version += 1
         self.pool.push_weights(self.weights(), self.version)
-
-    def run(self, factory: Callable[[], Coroutine]) -> Any:
-        return run_sync(factory)
-
-    def close(self) -> None:
-        self.pool.close()

@@ -27,7 +27,19 @@ from workbench.rl.scheduling.asynchronous import admits
 from workbench.rl.scheduling.base import BatchFor, StepRollout
 
 
-class ClusterScheduler:
+class OnPool:
+    """What every cluster scheduler shares: the loop's coroutines run here, the pool closes with it."""
+
+    pool: RolloutPool
+
+    def run(self, factory: Callable[[], Coroutine]) -> Any:
+        return run_sync(factory)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+class ClusterScheduler(OnPool):
     def __init__(
         self,
         pool: RolloutPool,
@@ -49,14 +61,8 @@ class ClusterScheduler:
         self.version += 1
         self.pool.set_weights(self.weights(), self.version)
 
-    def run(self, factory: Callable[[], Coroutine]) -> Any:
-        return run_sync(factory)
 
-    def close(self) -> None:
-        self.pool.close()
-
-
-class ClusterAsyncScheduler:
+class ClusterAsyncScheduler(OnPool):
     def __init__(
         self,
         pool: RolloutPool,
@@ -95,9 +101,3 @@ class ClusterAsyncScheduler:
         self.version += 1
         self.pool.push_weights(self.weights(), self.version)
         self._admit(published=step)
-
-    def run(self, factory: Callable[[], Coroutine]) -> Any:
-        return run_sync(factory)
-
-    def close(self) -> None:
-        self.pool.close()
