@@ -55,17 +55,22 @@ def parse_mas(text: str) -> dict[str, Any]:
         agents.append(
             {"id": agent_id, "name": name, "input": _tag(block, "agent_input") or "", "roles": roles}
         )
+    answer = _tag(text, "answer")
     if not agents:
-        answer = _tag(text, "answer")
-        return {
-            "agents": [],
-            "edges": [],
-            "order": [],
-            "sink": None,
-            "answer": answer if answer is not None else text.strip(),
-        }
+        return direct_answer(answer if answer is not None else text.strip())
     edge_block = _tag(text, "edge") or ""
     edges = re.findall(r"<from>\s*([^<]+?)\s*</from>\s*(?:</from>)?\s*<to>\s*([^<]+?)\s*</to>", edge_block)
+    return checked_graph(agents, edges, answer)
+
+
+def direct_answer(answer: str) -> dict[str, Any]:
+    """An output without agents: the orchestrator answered itself."""
+    return {"agents": [], "edges": [], "order": [], "sink": None, "answer": answer}
+
+
+def checked_graph(agents: list[dict], edges: list[tuple[str, str]], answer: str | None) -> dict[str, Any]:
+    """The parsers' result for ``agents`` and ``edges``, checked: unique ids, edges for several agents, and
+    ``validate_graph``'s rules; a broken graph is a ``FormatError``."""
     ids = [a["id"] for a in agents]
     if len(set(ids)) != len(ids):
         raise FormatError("agent ids must be unique")
@@ -77,7 +82,7 @@ def parse_mas(text: str) -> dict[str, Any]:
         "edges": [list(e) for e in edges],
         "order": order,
         "sink": sink,
-        "answer": _tag(text, "answer"),
+        "answer": answer,
     }
 
 

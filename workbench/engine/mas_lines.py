@@ -28,7 +28,7 @@ import json
 import re
 from typing import Any
 
-from workbench.engine.mas_graph import AGENT_NAMES, PLACEHOLDER, validate_graph
+from workbench.engine.mas_graph import AGENT_NAMES, PLACEHOLDER, checked_graph, direct_answer
 from workbench.engine.parsers import FormatError, UnreadableJson, loads_json, register_parser
 
 _AGENT = re.compile(r'^\s*([A-Za-z0-9_]+)\s*=\s*([A-Za-z]+)\(\s*"(.*?)"\s*(?:,\s*(\[.*\]))?\s*\)\s*$')
@@ -86,23 +86,5 @@ def parse_mas_lines(text: str) -> dict[str, Any]:
                 edges.append(link)
     answer = _ANSWER.findall(text)
     if not agents:
-        return {
-            "agents": [],
-            "edges": [],
-            "order": [],
-            "sink": None,
-            "answer": answer[-1] if answer else text.strip(),
-        }
-    ids = [a["id"] for a in agents]
-    if len(set(ids)) != len(ids):
-        raise FormatError("agent ids must be unique")
-    if len(agents) > 1 and not edges:
-        raise FormatError("multiple agents require edges")
-    order, sink = validate_graph(ids, edges)
-    return {
-        "agents": agents,
-        "edges": [list(e) for e in edges],
-        "order": order,
-        "sink": sink,
-        "answer": answer[-1] if answer else None,
-    }
+        return direct_answer(answer[-1] if answer else text.strip())
+    return checked_graph(agents, edges, answer[-1] if answer else None)
