@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -59,13 +60,103 @@ LONGEST_FIRST = (
 )
 
 
+def uses_the_shared_engine(item) -> bool:
+    """Whether a test runs on the shared tiny vLLM engine (``shared_vllm``, directly or through a fixture, or a
+    parameter marked ``shared_vllm``)."""
+    return (
+        "shared_vllm" in getattr(item, "fixturenames", ())
+        or item.get_closest_marker("shared_vllm") is not None
+    )
+
+
+@pytest.hookimpl(wrapper=True)  # marks before -m selects, sorts after pytest's reordering by fixtures
 def pytest_collection_modifyitems(config, items):
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         if item.path.name in VLLM_MODULES or VLLM_PARAMS & {v for v in params.values() if isinstance(v, str)}:
             item.add_marker(pytest.mark.vllm)
+    yield
     first = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: first.get(item.path.name, len(first)))  # stable: the rest keep their order
+    # stable: the shared engine's tests one after another, then the longest files first, the rest in order
+    items.sort(key=lambda item: (not uses_the_shared_engine(item), first.get(item.path.name, len(first))))
+
+
+class SharedEngine:
+    """One vLLM engine on ``tiny`` for the tests of the engine, the backend conformance suite and the bad-inputs
+    test: starting one on a CPU costs about 30 s (vLLM spawns its engine core and its worker, and each imports
+    vLLM anew). LoRA on, 512 tokens of context, float32 (its log-probs are compared with transformers'). It
+    starts for the first test that asks for it and stops after the last one (``pytest_runtest_teardown``):
+    left idle, its worker would take a share of a core from the tests after it."""
+
+    def __init__(self) -> None:
+        self.engine = None
+        self.spawned: set[int] = set()
+
+    def get(self):
+        if self.engine is None:
+            from workbench.backends.vllm import VLLMBackend
+            from workbench.models import resolve
+
+            before = children()
+            self.engine = VLLMBackend(
+                resolve("tiny"),
+                max_model_len=512,
+                dtype="float32",
+                enable_lora=True,
+                max_loras=2,
+                max_lora_rank=8,
+            )
+            self.spawned = children() - before  # the engine core and its worker
+        return self.engine
+
+    def close(self) -> None:
+        """Stop the engine; its processes must be gone within 30 s."""
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.close()
+            alive = still_running(self.spawned)
+            assert not alive, f"close() left engine processes running: {alive}"
+
+
+_SHARED = SharedEngine()
+
+
+@pytest.fixture(scope="session")
+def shared_vllm() -> SharedEngine:
+    """The shared tiny vLLM engine's holder: ``shared_vllm.get()`` is the engine (started on first use)."""
+    yield _SHARED
+    _SHARED.close()
+
+
+@pytest.hookimpl(trylast=True)  # after pytest has torn down the fixtures of the test
+def pytest_runtest_teardown(item, nextitem):
+    if _SHARED.engine is not None and (nextitem is None or not uses_the_shared_engine(nextitem)):
+        _SHARED.close()
+
+
+def children() -> set[int]:
+    """This process's descendants, less Python's multiprocessing resource tracker (it lives as long as this
+    process)."""
+    import psutil
+
+    pids = set()
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "resource_tracker" not in " ".join(p.cmdline()):
+                pids.add(p.pid)
+    return pids
+
+
+def still_running(pids: set[int], timeout: float = 30) -> list[int]:
+    """Those of ``pids`` still running after ``timeout`` seconds."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            procs.append(psutil.Process(pid))
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    return [p.pid for p in alive]
 
 
 # --- end vLLM phase ---

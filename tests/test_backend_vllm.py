@@ -2,13 +2,12 @@
 
 vLLM's CPU build serves LoRA adapters (``enable_lora=True``); a random peft adapter of ``tiny`` must
 give the same greedy tokens and log-probs through vLLM as through peft, and re-adding a name after
-"training" must switch to the new weights. One engine serves the module.
+"training" must switch to the new weights. One engine serves the module (the engine shared with the conformance suite, tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from pathlib import Path
 
@@ -23,40 +22,13 @@ pytestmark = pytest.mark.slow
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def _children() -> set[int]:
-    """Child processes, less Python's multiprocessing resource tracker (it lives as long as this process)."""
-    import psutil
-
-    pids = set()
-    for p in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            if "resource_tracker" not in " ".join(p.cmdline()):
-                pids.add(p.pid)
-    return pids
-
-
 @pytest.fixture(scope="module")
-def engine(tiny_model_path: Path):
-    from workbench.backends.vllm import VLLMBackend
-
-    before = _children()
-    backend = VLLMBackend(tiny_model_path, max_model_len=512, enable_lora=True, max_loras=2, max_lora_rank=8)
-    backend.spawned = _children() - before  # the engine core and its worker
-    yield backend
-    backend.close()
-    alive = _still_running(backend.spawned)
-    assert not alive, f"close() left engine processes running: {alive}"
-
-
-def _still_running(pids: set[int], timeout: float = 30) -> list[int]:
-    import psutil
-
-    procs = []
-    for pid in pids:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            procs.append(psutil.Process(pid))
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    return [p.pid for p in alive]
+def engine(shared_vllm):
+    """The shared tiny engine (tests/conftest.py): LoRA on, 512 tokens of context; its ``close()`` is checked to
+    stop the processes it spawned when the last test that uses it ends."""
+    backend = shared_vllm.get()
+    backend.spawned = shared_vllm.spawned
+    return backend
 
 
 def random_adapter(tiny_model_path: Path, out: Path, seed: int):

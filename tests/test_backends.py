@@ -152,7 +152,7 @@ def stop_server(proc: subprocess.Popen) -> None:
     params=[
         "hf",
         "hf-static",  # the GPU decode path (static cache; graphs only on CUDA) run eagerly on the CPU
-        pytest.param("vllm", marks=pytest.mark.slow),
+        pytest.param("vllm", marks=[pytest.mark.slow, pytest.mark.shared_vllm]),  # tests/conftest.py
         pytest.param("openai", marks=pytest.mark.slow),
     ],
 )
@@ -163,10 +163,10 @@ def backend(request, tiny_model_path: Path, tmp_path_factory):
         assert b.decode_mode == ("static" if kind == "hf-static" else "dynamic")
         yield b
         b.close()
-    elif kind == "vllm":
-        b = make_backend("vllm", str(tiny_model_path), max_model_len=MAX_MODEL_LEN, dtype="float32")
+    elif kind == "vllm":  # the engine shared with the vLLM backend's own tests (tests/conftest.py)
+        b = request.getfixturevalue("shared_vllm").get()
+        assert b.max_model_len == MAX_MODEL_LEN
         yield b
-        b.close()
     else:
         log = tmp_path_factory.mktemp("vllm-serve") / "server.log"
         proc, url = start_vllm_server(tiny_model_path, "tiny", log)

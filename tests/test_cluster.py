@@ -321,7 +321,18 @@ def test_a_rollout_worker_owns_a_vllm_engine_that_serves_each_steps_adapters(ray
         learning_rate=1e-3,
     )
     run_dir = create(cfg)
-    assert run_training(cfg, run_dir, log=lambda _: None) == "finished"
+    engines_here = []
+
+    def log(
+        line: str,
+    ) -> None:  # the worker's engine rolls out; the training process, evaluating nothing, has none
+        if line.startswith("step 0:"):
+            engines_here.extend(
+                p.name() for p in psutil.Process().children() if p.name().startswith("VLLM::")
+            )
+
+    assert run_training(cfg, run_dir, log=log) == "finished"
+    assert engines_here == []
     assert_each_step_stores_every_episode_once(run_dir, 2, 2 * 2)
     calls = wb.RunReader(run_dir).calls(columns=["step", "policy_version"])
     assert calls.groupby("step")["policy_version"].unique().map(list).to_dict() == {0: [0], 1: [1]}

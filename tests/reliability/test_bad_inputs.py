@@ -33,7 +33,6 @@ import workbench as wb
 from workbench.backends.base import GenerationRequest
 from workbench.engine import Rollout
 from workbench.models import load as load_model
-from workbench.models import resolve
 from workbench.rl.config import FIELDS as CONFIG_FIELDS
 from workbench.rl.config import SECTIONS, TrainConfig
 from workbench.rl.loop import run_training
@@ -255,21 +254,17 @@ def tiny():
     return model, tokenizer, model.config.max_position_embeddings
 
 
-def _backend(kind: str, tiny):
+# the vllm case runs in the vLLM phase, on the shared tiny engine (512 tokens of context; tests/conftest.py)
+@pytest.mark.parametrize("kind", ["hf", pytest.param("vllm", marks=pytest.mark.shared_vllm)])
+def test_a_prompt_longer_than_the_context_is_an_episode_error_and_the_batch_completes(kind, tiny, request):
     model, tokenizer, context = tiny
     if kind == "hf":
         from workbench.backends.hf import HFBackend
 
-        return HFBackend(model, tokenizer)
-    from workbench.backends.vllm import VLLMBackend
-
-    return VLLMBackend(resolve("tiny"), max_model_len=context)
-
-
-@pytest.mark.parametrize("kind", ["hf", "vllm"])  # the vllm case runs in the vLLM phase (tests/conftest.py)
-def test_a_prompt_longer_than_the_context_is_an_episode_error_and_the_batch_completes(kind, tiny):
-    _, tokenizer, context = tiny
-    backend = _backend(kind, tiny)
+        backend = HFBackend(model, tokenizer)
+    else:
+        backend = request.getfixturevalue("shared_vllm").get()
+        context = backend.max_model_len
     try:
         tasks = wb.generate_tasks("arithmetic", n=3, seed=0, level=1)
         tasks[1] = dataclasses.replace(tasks[1], question="1 + 1 " * context)  # several tokens per repeat
@@ -284,7 +279,8 @@ def test_a_prompt_longer_than_the_context_is_an_episode_error_and_the_batch_comp
         (out,) = asyncio.run(backend.generate(request))
         assert len(out.completion_ids) == 3 and out.finish_reason == "length"
     finally:
-        backend.close()
+        if kind == "hf":
+            backend.close()
 
 
 def test_a_training_step_with_a_task_longer_than_the_context_completes(tmp_path, tiny):

@@ -176,9 +176,14 @@ def setup(run: Run, trainer_for: TrainerFor | None = None, scheduler_for: Schedu
     beside = config.scheduler == "async" or (
         config.scheduler == "pipeline" and overlaps(config.max_staleness, bool(config.segment_len))
     )
-    served = run.policies.backends(
-        config.backend, config.model, own_weights=beside, options=config.vllm_options
-    )
+    if config.cluster is not None and not run.eval_tasks:
+        # the rollout workers generate and this process evaluates nothing: it starts no engine of its own
+        # (a vLLM engine would cost its start and its memory for nothing); the trained models stand in
+        served = run.policies.backends("hf", config.model)
+    else:
+        served = run.policies.backends(
+            config.backend, config.model, own_weights=beside, options=config.vllm_options
+        )
     run.backends = rollout_backends(served, config.segment_len)
     _resume(run)
     run.policies.sync(run.backends, run.run_dir, run.policy_version, config.sync_timeout_s)
