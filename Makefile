@@ -27,13 +27,14 @@ export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS ?= 1
 
-.PHONY: demo lab serve test lint env-demo env-test chromium clean help perf perf-quick
+.PHONY: demo lab serve reproduce test lint env-demo env-test chromium clean help perf perf-quick
 
 help:
 	@echo "make demo  - install and run the main job (MarsRL on the local SmolLM2-135M: roll out, train, figures)"
 	@echo "make test  - install the test tools and run the whole suite"
 	@echo "make lab   - JupyterLab on notebooks/ (after make demo; LAB_ARGS=... passes it flags)"
 	@echo "make serve - the team dashboard on runs/ at http://localhost:5006 (after make demo)"
+	@echo "make reproduce - train each paper's runs (resumable), then every report notebook (REPRODUCE_ARGS=--quick)"
 	@echo "make perf-quick - the benchmark suite in quick mode (into artifacts/perf/)"
 	@echo "make perf  - the benchmark suite in full mode (into tests/perf/results/), then the README's table"
 
@@ -74,6 +75,10 @@ lab: env-demo
 
 serve: env-demo
 	$(VENV)/bin/workbench serve runs/
+
+# Train each paper's runs (workbench.reports.plan; resumable), then regenerate every report notebook from them.
+reproduce: env-demo
+	$(VENV)/bin/workbench reproduce all --train --out reports-out $(REPRODUCE_ARGS)
 
 chromium:
 	@if [ -x /usr/bin/chromium ]; then echo "==> chromium present: $$(/usr/bin/chromium --version 2>/dev/null)"; \

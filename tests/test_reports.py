@@ -27,7 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 @pytest.fixture(scope="module")
 def sample_runs(tmp_path_factory) -> dict[str, Path]:
-    """The small runs the notebooks draw from (one per paper, on the tiny model), by topology."""
+    """The report plan's runs at its sample scale (each paper's, on the tiny model), by the plan's names."""
     return train_sample_runs(tmp_path_factory.mktemp("report-runs"))
 
 
@@ -57,10 +57,10 @@ def test_run_paths_given_relative_to_the_shell_reach_the_notebooks_absolute(tmp_
 
 
 def test_a_report_draws_only_its_papers_runs(sample_runs):
-    both = {"a": sample_runs["marsrl"], "b": sample_runs["mars_cpu"]}
-    assert select_runs(both, ["mars", "mars_cpu"], "MARS") == {"b": sample_runs["mars_cpu"]}
+    both = {"a": sample_runs["marsrl"], "b": sample_runs["mars"]}
+    assert select_runs(both, ["mars", "mars_cpu"], "MARS") == {"b": sample_runs["mars"]}
     with pytest.raises(
-        ValueError, match=r"no HiRA run \(topology hira\) among: a \(marsrl\), b \(mars_cpu\)"
+        ValueError, match=r"no HiRA run \(topology hira\) among: a \(marsrl_cpu\), b \(mars_cpu\)"
     ):
         select_runs(both, ["hira"], "HiRA")
 
@@ -73,7 +73,7 @@ def test_a_runs_saved_topology_wins_over_the_name_in_its_config(sample_runs, tmp
     from workbench.training import TOPOLOGY_FILE
 
     run = Path(shutil.copytree(sample_runs["marsrl"], tmp_path / "run"))
-    assert run_spec(run).name == "marsrl"
+    assert run_spec(run).name == "marsrl_cpu"
     (run / TOPOLOGY_FILE).write_text(to_yaml(load("mars_cpu")))
     assert run_spec(run).name == "mars_cpu" and list(run_spec(run).tools) == ["search"]
 
@@ -153,9 +153,9 @@ def test_reproduce_marsrl_draws_every_figure_from_the_runs(run_dir, tmp_path, ca
 
 @pytest.fixture(scope="module")
 def reproduced(sample_runs, tmp_path_factory) -> Path:
-    """`workbench reproduce all` over the folder holding one sample run per paper."""
+    """`workbench reproduce all` over the folder of the plan's runs (a folder per run, named after it)."""
     out = tmp_path_factory.mktemp("reproduced")
-    folder = next(iter(sample_runs.values())).parent
+    folder = next(iter(sample_runs.values())).parents[1]
     assert main(["reproduce", "all", "--runs", str(folder), "--out", str(out), "--workers", "2"]) == 0
     return out
 
@@ -224,7 +224,7 @@ def test_reproduced_notebooks_print_the_stored_outputs_of_their_checked_cells(re
 
 
 def test_mars_figures_draw_every_panel_from_the_mars_run(sample_runs, reproduced):
-    run = sample_runs["mars_cpu"]
+    run, label = sample_runs["mars"], "mars"  # labelled by their folders' names
     with RunReader(run) as reader:
         wide = reader.metrics_wide()
         episodes = reader.episodes(step=0)
@@ -240,7 +240,7 @@ def test_mars_figures_draw_every_panel_from_the_mars_run(sample_runs, reproduced
     ]
     for panel, name in zip(panels, ["eval/accuracy", "reward/mean", "tool_calls/per_question"], strict=False):
         (line,) = panel["series"]  # the folder's other runs are not MARS runs: not drawn
-        assert line["label"] == run.name and line["y"] == pytest.approx(wide[name].dropna().tolist())
+        assert line["label"] == label and line["y"] == pytest.approx(wide[name].dropna().tolist())
     (longest,) = panels[-1]["series"]
     assert longest["y"] == pytest.approx(wide["length/max"].dropna().tolist())
 
@@ -272,18 +272,18 @@ def _heldout_accuracy(run: Path) -> list[float]:
 
 
 def test_matpo_figures_and_headline_come_from_the_matpo_run(sample_runs, reproduced):
-    run = sample_runs["matpo"]
+    run, label = sample_runs["matpo"], "matpo"
     (fig5,) = _figure(reproduced, "matpo", "fig5_accuracy")
     assert fig5["title"] == "test accuracy on multihop"
     (curve,) = fig5["series"]
-    assert curve["label"] == run.name and curve["y"] == pytest.approx(_heldout_accuracy(run))
+    assert curve["label"] == label and curve["y"] == pytest.approx(_heldout_accuracy(run))
 
     test, training = _figure(reproduced, "matpo", "fig6_ablations")
     assert test["title"] == "(a) test accuracy (running average@5)"
     (planner,) = training["series"]
     with RunReader(run) as reader:
         accuracy = reader.metrics(name="accuracy", role="planner")["value"]
-    assert planner["label"] == f"{run.name} (planner)"
+    assert planner["label"] == f"{label} (planner)"
     assert planner["y"] == pytest.approx((100 * accuracy.rolling(15, min_periods=1).mean()).tolist())
 
     with RunReader(run) as reader:
@@ -304,7 +304,7 @@ def test_matpo_figures_and_headline_come_from_the_matpo_run(sample_runs, reprodu
 
 
 def test_hira_figures_and_tables_come_from_the_hira_rollout(sample_runs, reproduced):
-    run = sample_runs["hira"]
+    run, label = sample_runs["hira"], "hira"
     with RunReader(run) as reader:
         episodes = reader.episodes()
         calls = reader.calls(columns=["episode_id", "role", "n_completion", "tool_calls"])
@@ -313,7 +313,7 @@ def test_hira_figures_and_tables_come_from_the_hira_rollout(sample_runs, reprodu
 
     (fig4,) = _figure(reproduced, "hira", "fig4_subsets")
     (bars,) = fig4["series"]
-    assert bars["label"] == run.name
+    assert bars["label"] == label
     assert bars["y"] == pytest.approx((100 * right.groupby(hops).mean()).tolist())
 
     length, interactions = _figure(reproduced, "hira", "fig5_efficiency")
@@ -339,7 +339,7 @@ def test_hira_figures_and_tables_come_from_the_hira_rollout(sample_runs, reprodu
 
 
 def test_mas_orchestra_figures_come_from_the_orchestrator_run(sample_runs, reproduced):
-    run = sample_runs["mas_orchestra"]
+    run, label = sample_runs["mas_orchestra"], "mas_orchestra"
     with RunReader(run) as reader:
         trained = reader.episodes()["step"]  # the final evaluation's step stores no episodes
         last = int(trained.max())
@@ -351,17 +351,18 @@ def test_mas_orchestra_figures_come_from_the_orchestrator_run(sample_runs, repro
 
     (pareto,) = _figure(reproduced, "mas_orchestra", "pareto", "fig1_pareto")
     point, front = pareto["series"]
-    assert point["label"] == run.name and front["label"] == "Pareto front"
+    assert point["label"] == label and front["label"] == "Pareto front"
     assert point["x"] == pytest.approx([tokens]) and point["y"] == pytest.approx([right])
 
     (depth,) = _figure(reproduced, "mas_orchestra", "masbench_axes")
-    assert depth["title"] == "depth" and depth["series"][0]["x"] == [2.0, 3.0]
+    depths = sorted({float(m["axis_value"]) for m in episodes["task_meta"]})
+    assert depth["title"] == "depth" and depth["series"][0]["x"] == depths
 
     types, degree, over_steps = _figure(reproduced, "mas_orchestra", "distributions")
     assert sum(degree["series"][0]["y"]) == len(episodes)
     assert [s["label"] for s in over_steps["series"]] == [
-        f"{run.name}: delegating",
-        f"{run.name}: mean degree",
+        f"{label}: delegating",
+        f"{label}: mean degree",
     ]
     assert over_steps["series"][0]["x"] == sorted(float(x) for x in trained.unique())
 

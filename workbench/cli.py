@@ -228,8 +228,17 @@ def _users(args: argparse.Namespace) -> int:
 def _reproduce(args: argparse.Namespace) -> int:
     from workbench.reports.reproduce import reproduce, summarise
 
+    runs = args.runs
+    if args.train:  # make (or finish) the plan's runs first, then draw the notebooks from them
+        from workbench.reports.plan import make_runs, runs_argument
+
+        if runs:
+            print("error: --train makes the runs; leave out --runs (or pass --runs-dir)", file=sys.stderr)
+            return 2
+        scale = "quick" if args.quick else "full"
+        runs = runs_argument(make_runs(args.runs_dir, args.paper, scale, args.model))
     results = reproduce(
-        args.paper, args.runs, args.out, benchmark=args.benchmark, workers=args.workers, timeout=args.timeout
+        args.paper, runs, args.out, benchmark=args.benchmark, workers=args.workers, timeout=args.timeout
     )
     return summarise(results, args.out)
 
@@ -352,6 +361,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmark", default="", help="benchmark subset the notebooks restrict to (empty: all)")
     p.add_argument("--workers", type=int, default=2, help="notebooks executed at once")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per notebook")
+    p.add_argument(
+        "--train",
+        action="store_true",
+        help="first train each paper's runs (workbench.reports.plan) into --runs-dir, resuming what an "
+        "interruption left, then draw the notebooks from them",
+    )
+    p.add_argument("--quick", action="store_true", help="--train: a fifth of the steps, fewer held-out tasks")
+    p.add_argument(
+        "--runs-dir", default="runs/reproduce", help="--train: where the runs go (default %(default)s)"
+    )
+    p.add_argument("--model", default=None, help="--train: the model (default smollm2-135m)")
     p.set_defaults(func=_reproduce)
 
     p = sub.add_parser(

@@ -268,8 +268,9 @@ def stop_requests(stop_file: Path) -> Callable[[], bool]:
     return lambda: asked.is_set() or stop_file.exists()
 
 
-def run_here(run_dir: str | Path) -> str:
-    """Train (or resume) the run in ``run_dir`` in this process; the CLI and the background process end up here."""
+def run_here(run_dir: str | Path, log: Callable[[str], None] | None = None) -> str:
+    """Train (or resume) the run in ``run_dir`` in this process; the CLI and the background process end up here.
+    ``log`` takes the run's lines (default: printed)."""
     from workbench.engine import plugins
     from workbench.engine.spec_checks import load
     from workbench.tasks import load_tasks
@@ -285,7 +286,7 @@ def run_here(run_dir: str | Path) -> str:
         topology=topology,
         tasks=tasks,
         should_stop=stop_requests(run_dir / STOP_FILE),
-        log=lambda m: print(m, flush=True),
+        log=log or (lambda m: print(m, flush=True)),
     )
 
 

@@ -3,10 +3,9 @@
 ``train_sample_run(runs_dir)`` trains the MarsRL topology on arithmetic for a few steps with a
 held-out evaluation after every step, so every per-step series the MarsRL reports draw (rewards,
 lengths per role, the Verifiers' confusion counts, held-out accuracy of the Solver and of the
-whole system) has several points; ``train_sample_runs`` puts one small run per paper in one folder:
-MarsRL, MARS (``mars_cpu`` on one-hop questions), MATPO (two-hop questions) and MAS-Orchestra
-(MASBench depth tasks) trained for a few steps, and a HiRA rollout (HiRA trains nothing). On the ``tiny`` random model it takes seconds; the demo uses
-the local SmolLM2-135M.
+whole system) has several points (the demo's run, on the local SmolLM2-135M); ``train_sample_runs`` makes the
+report plan's runs (``workbench.reports.plan``) at their sample scale: a few steps of each paper's system on the
+``tiny`` random model, in seconds.
 """
 
 from __future__ import annotations
@@ -59,48 +58,9 @@ def train_sample_run(
     return run_dir
 
 
-SAMPLE_TOPOLOGIES: dict[str, dict] = {
-    "marsrl": {},
-    "mars_cpu": {"tasks": "multihop", "task_options": {"hops": 1}, "steps": 2},
-    "matpo": {"tasks": "multihop", "task_options": {"hops": 2}, "steps": 2},
-    "mas_orchestra": {"tasks": "masbench", "task_options": {"axis": "depth", "values": [2, 3]}, "steps": 2},
-}
-SAMPLE_ROLLOUTS: dict[str, dict] = {
-    "hira": {"tasks": "multihop", "task_options": {"hops": [1, 2]}},
-}
-
-
-def rollout_sample_run(
-    runs_dir: str | Path,
-    topology: str,
-    tasks: str,
-    task_options: dict | None = None,
-    model: str = "tiny",
-    n_tasks: int = 4,
-    max_tokens: int = 8,
-) -> Path:
-    """Roll ``topology`` out once over ``n_tasks`` tasks (an inference-only paper's run: HiRA)."""
-    import workbench as wb
-
-    result = wb.rollout(
-        topology,
-        wb.generate_tasks(tasks, n=n_tasks, seed=0, **(task_options or {})),
-        model=model,
-        max_tokens=max_tokens,
-        runs_dir=str(runs_dir),
-    )
-    return Path(result.run_dir)
-
-
 def train_sample_runs(runs_dir: str | Path, model: str = "tiny") -> dict[str, Path]:
-    """One sample run per report topology in ``runs_dir``, by topology: a short training run for each of
-    ``SAMPLE_TOPOLOGIES`` and a rollout for each of ``SAMPLE_ROLLOUTS``."""
-    runs = {name: train_sample_run(runs_dir, topology=name, model=model, **options)
-            for name, options in SAMPLE_TOPOLOGIES.items()}  # fmt: skip
-    runs.update(
-        {
-            name: rollout_sample_run(runs_dir, name, model=model, **options)
-            for name, options in SAMPLE_ROLLOUTS.items()
-        }
-    )
-    return runs
+    """The report plan's runs at its ``sample`` scale in ``runs_dir`` (``workbench.reports.plan``: each paper's
+    system and comparison runs, two or three steps each, and HiRA's rollout), by the plan's names."""
+    from workbench.reports.plan import make_runs
+
+    return make_runs(runs_dir, scale="sample", model=model, log=lambda _: None)

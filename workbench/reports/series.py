@@ -30,7 +30,8 @@ def resolve_runs(
     """Labelled run directories from a notebook parameter.
 
     Accepted: a mapping label -> directory; ``"label=dir,label=dir"``; ``"dir,dir"`` (labels are the
-    run ids); one run directory; a directory of runs (every run in it, by id). Empty: the
+    run ids); one run directory; a directory of runs (every run in it, by id, and the newest run of each folder
+    in it, by the folder's name). Empty: the
     ``WORKBENCH_REPORT_RUNS`` environment variable, in the same forms.
     """
     if runs is None or (isinstance(runs, str) and not runs.strip()):
@@ -46,7 +47,7 @@ def resolve_runs(
             label, _, path = item.rpartition("=") if "=" in item else ("", "", item)
             folder = Path(path).expanduser()
             if not label and not _is_run(folder) and folder.is_dir():
-                pairs += [(p.name, p) for p in sorted(folder.iterdir()) if _is_run(p)]
+                pairs += _runs_in(folder)
             else:
                 pairs.append((label or folder.name, folder))
     missing = [f"{label}={path}" for label, path in pairs if not _is_run(path)]
@@ -55,6 +56,18 @@ def resolve_runs(
     if not pairs:
         raise ValueError(f"no runs found in {runs!r}")
     return dict(pairs)
+
+
+def _runs_in(folder: Path) -> list[tuple[str, Path]]:
+    """The runs in ``folder``, by id, and those one level down, by their folder's name (the newest run of each:
+    ``workbench reproduce --train`` keeps each planned run in a folder named after it)."""
+    found = []
+    for child in sorted(p for p in folder.iterdir() if p.is_dir()):
+        if _is_run(child):
+            found.append((child.name, child))
+        elif inner := sorted(p for p in child.iterdir() if p.is_dir() and _is_run(p)):
+            found.append((child.name, inner[-1]))
+    return found
 
 
 def run_topology(run_dir: Path) -> str:

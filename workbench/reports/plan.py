@@ -1,0 +1,260 @@
+"""The runs behind the papers' reports, and the command that makes them: ``workbench reproduce all --train``.
+
+``PLAN`` lists, per paper, the runs its report notebooks draw on: the system the paper trains and the runs of the
+paper's own comparison (MarsRL's agent-specific rewards against one shared reward), each a ``PlannedRun``: a
+training config, a change to its topology's spec where a comparison needs one, or a rollout for HiRA (which trains
+nothing). ``make_runs`` makes them one after another, each in a folder of its own (``RUNS/<name>/``): a run that
+finished is kept, one that was interrupted resumes from its last checkpoint, a rollout that did not finish is rolled
+out again, so the command can be stopped and started again at any point. The notebooks then get the runs by name
+(``runs="name=path,..."``).
+
+Three scales of the same plan: ``full`` (SmolLM2-135M, the runs as documented), ``quick`` (a fifth of the steps and
+fewer held-out tasks: the same pipeline in minutes) and ``sample`` (the tiny model, two or three steps: what the
+tests and the notebooks' checks draw on).
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCALES = ("full", "quick", "sample")
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run of the plan: ``name`` is its folder and its label in the notebooks; ``fields`` are its
+    ``TrainConfig`` fields at full scale (a rollout's: ``tasks``, ``task_options``, ``n_tasks``, ``max_tokens``);
+    ``changes`` replace parts of its topology's spec, by dotted path (a comparison's variant)."""
+
+    name: str
+    paper: str
+    topology: str
+    what: str
+    fields: Mapping[str, Any]
+    changes: Mapping[str, Any] = field(default_factory=dict)
+    rollout: bool = False
+
+
+#: MarsRL's CPU system as ``make demo`` trains it (single-digit addition, 25 steps of 4 problems x 4 samples).
+_MARSRL = dict(
+    tasks="arithmetic",
+    task_options={"level": 1, "format": "plain"},
+    n_tasks=200,
+    eval_tasks=64,
+    steps=25,
+    batch_size=4,
+    group_size=4,
+    learning_rate=1e-5,
+)
+#: MARS's CPU system as the tools learning test trains it (one-hop questions about a local knowledge base).
+_MARS = dict(
+    tasks="multihop",
+    task_options={"hops": 1, "verifier": "f1", "n_entities": 200, "kb_seed": 0},
+    n_tasks=300,
+    eval_tasks=80,
+    steps=12,
+    batch_size=4,
+    group_size=4,
+    temperature=0.7,
+    learning_rate=3e-5,
+    warmup_steps=2,
+    aggregation="token_mean",
+)
+
+PLAN: tuple[PlannedRun, ...] = (
+    PlannedRun("marsrl", "marsrl", "marsrl_cpu", "Solver and Verifier, agent-specific rewards", _MARSRL),
+    PlannedRun(
+        "marsrl_shared_reward",
+        "marsrl",
+        "marsrl_cpu",
+        "the same system, the Verifier rewarded with the system's outcome (one shared reward)",
+        _MARSRL,
+        changes={"roles.verifier1.reward": {"kind": "outcome"}},
+    ),
+    PlannedRun("mars", "mars", "mars_cpu", "System 2 searching, System 1 reading, trained together", _MARS),
+    PlannedRun(
+        "matpo",
+        "matpo",
+        "matpo_cpu",
+        "planner and worker of one model, the worker searching",
+        dict(_MARS, task_options={"hops": 2, "verifier": "f1", "n_entities": 200, "kb_seed": 0}),
+    ),
+    PlannedRun(
+        "mas_orchestra",
+        "mas_orchestra",
+        "mas_orchestra_cpu",
+        "the orchestrator's sub-agent graphs over chains of depth 1 to 3 (MASBench's Depth axis in miniature)",
+        dict(
+            tasks="masbench_small",
+            task_options={"values": [1, 2, 3]},
+            n_tasks=120,
+            eval_tasks=48,
+            steps=12,
+            batch_size=4,
+            group_size=4,
+            learning_rate=3e-5,
+            warmup_steps=2,
+            aggregation="token_mean",
+        ),
+    ),
+    PlannedRun(
+        "hira",
+        "hira",
+        "hira",
+        "the hierarchical system's rollouts (HiRA trains nothing)",
+        dict(tasks="multihop", task_options={"hops": [1, 2]}, n_tasks=32),
+        rollout=True,
+    ),
+)
+
+
+def scaled(run: PlannedRun, scale: str) -> dict[str, Any]:
+    """``run``'s fields at ``scale``: ``full`` as planned, ``quick`` a fifth of the steps (at least 2) and at most
+    16 held-out tasks, ``sample`` the tiny model for two or three steps (a rollout: 4 tasks of 8 tokens)."""
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r}; choose from {', '.join(SCALES)}")
+    fields = dict(run.fields)
+    if scale == "full":
+        return fields
+    if run.rollout:
+        n = {"quick": 8, "sample": 4}[scale]
+        return {**fields, "n_tasks": n, **({"max_tokens": 8} if scale == "sample" else {})}
+    if scale == "quick":
+        return {**fields, "steps": max(2, fields["steps"] // 5), "eval_tasks": min(16, fields["eval_tasks"])}
+    steps = 3 if run.paper == "marsrl" else 2  # the MarsRL figures want a few points per curve
+    return {
+        **fields,
+        "steps": steps,
+        "batch_size": 2,
+        "group_size": 2,
+        "max_tokens": 8,
+        "eval_tasks": 4,
+        "eval_every": 1,
+        "n_tasks": 16,
+        "learning_rate": 1e-4,
+        "warmup_steps": 0,
+    }
+
+
+def planned(papers: str | Sequence[str] = "all") -> list[PlannedRun]:
+    """The plan's runs for ``papers`` ("all", a paper, or several), in the plan's order."""
+    from workbench.reference import PAPERS
+
+    chosen = list(PAPERS) if papers == "all" else [papers] if isinstance(papers, str) else list(papers)
+    unknown = [p for p in chosen if p not in PAPERS]
+    if unknown:
+        raise ValueError(f"unknown paper(s) {', '.join(unknown)}; choose from all, {', '.join(PAPERS)}")
+    return [run for run in PLAN if run.paper in chosen]
+
+
+def _changed(spec: dict, changes: Mapping[str, Any]) -> dict:
+    """``spec`` with each dotted path of ``changes`` (``roles.verifier1.reward``) replaced by its value."""
+    out = copy.deepcopy(spec)
+    for path, value in changes.items():
+        *parents, leaf = path.split(".")
+        node = out
+        for key in parents:
+            node = node[key]
+        node[leaf] = copy.deepcopy(value)
+    return out
+
+
+def _topology(run: PlannedRun) -> Any:
+    from workbench.topology import from_dict, load, to_dict
+
+    if not run.changes:
+        return load(run.topology)
+    return from_dict(_changed(to_dict(load(run.topology)), run.changes))
+
+
+def _existing(folder: Path) -> Path | None:
+    """The run in ``folder`` (the newest, if an earlier attempt left several)."""
+    from workbench.store.layout import DB_NAME
+
+    runs = sorted(p for p in folder.glob("*") if (p / DB_NAME).is_file()) if folder.is_dir() else []
+    return runs[-1] if runs else None
+
+
+def _status(run_dir: Path) -> str:
+    from workbench.store import RunReader
+
+    with RunReader(run_dir) as reader:
+        return str(reader.info()["status"])
+
+
+def make_run(
+    run: PlannedRun,
+    runs_dir: str | Path,
+    scale: str = "full",
+    model: str | None = None,
+    log: Callable = print,
+) -> Path:
+    """Make ``run`` in ``runs_dir/<name>/``, or finish it: kept if it finished, resumed if a training run
+    stopped before its end, redone if a rollout did not finish. Returns its run directory."""
+    from workbench.rl.config import TrainConfig
+    from workbench.topology import to_yaml
+    from workbench.training import TOPOLOGY_FILE, create, run_here
+
+    folder = Path(runs_dir) / run.name
+    fields = scaled(run, scale)
+    model = model or ("tiny" if scale == "sample" else "smollm2-135m")
+    existing = _existing(folder)
+    if existing is not None and _status(existing) == "finished":
+        log(f"{run.name}: finished before, kept ({existing})")
+        return existing
+    if run.rollout:
+        if existing is not None:
+            shutil.rmtree(existing)
+        return _rollout(run, folder, fields, model, log)
+    if existing is None:
+        config = TrainConfig(topology=run.topology, model=model, runs_dir=str(folder), **fields)
+        existing = create(config)
+        if run.changes:  # the variant's spec, saved beside the run (training and the reports read it there)
+            (existing / TOPOLOGY_FILE).write_text(to_yaml(_topology(run)))
+        log(f"{run.name}: training {config.steps} steps of {run.topology} ({run.what}) in {existing}")
+    else:
+        log(f"{run.name}: resuming {existing} from its last checkpoint")
+    status = run_here(existing, log=log)
+    if status != "finished":
+        raise RuntimeError(f"{run.name} ended {status}; run the command again to resume it ({existing})")
+    return existing
+
+
+def _rollout(run: PlannedRun, folder: Path, fields: dict, model: str, log: Callable) -> Path:
+    import workbench as wb
+
+    log(f"{run.name}: rolling {run.topology} out over {fields['n_tasks']} tasks ({run.what})")
+    result = wb.rollout(
+        _topology(run),
+        wb.generate_tasks(fields["tasks"], n=fields["n_tasks"], seed=0, **fields.get("task_options", {})),
+        model=model,
+        max_tokens=fields.get("max_tokens"),
+        runs_dir=str(folder),
+    )
+    return Path(result.run_dir)
+
+
+def make_runs(
+    runs_dir: str | Path,
+    papers: str | Sequence[str] = "all",
+    scale: str = "full",
+    model: str | None = None,
+    log: Callable = print,
+) -> dict[str, Path]:
+    """Every planned run of ``papers`` in ``runs_dir`` (``make_run`` each, in order): their directories by name."""
+    runs = planned(papers)
+    made = {}
+    for i, run in enumerate(runs, 1):
+        log(f"[{i}/{len(runs)}] {run.name} ({run.paper})")
+        made[run.name] = make_run(run, runs_dir, scale, model, log)
+    return made
+
+
+def runs_argument(made: Mapping[str, Path]) -> str:
+    """The notebooks' ``runs`` parameter for ``made``: ``name=path,...``."""
+    return ",".join(f"{name}={path}" for name, path in made.items())
