@@ -143,12 +143,9 @@ def scaled(run: PlannedRun, scale: str) -> dict[str, Any]:
 
 def planned(papers: str | Sequence[str] = "all") -> list[PlannedRun]:
     """The plan's runs for ``papers`` ("all", a paper, or several), in the plan's order."""
-    from workbench.reference import PAPERS
+    from workbench.reports.reproduce import chosen_papers
 
-    chosen = list(PAPERS) if papers == "all" else [papers] if isinstance(papers, str) else list(papers)
-    unknown = [p for p in chosen if p not in PAPERS]
-    if unknown:
-        raise ValueError(f"unknown paper(s) {', '.join(unknown)}; choose from all, {', '.join(PAPERS)}")
+    chosen = chosen_papers(papers)
     return [run for run in PLAN if run.paper in chosen]
 
 
@@ -172,21 +169,6 @@ def _topology(run: PlannedRun) -> Any:
     return from_dict(_changed(to_dict(load(run.topology)), run.changes))
 
 
-def _existing(folder: Path) -> Path | None:
-    """The run in ``folder`` (the newest, if an earlier attempt left several)."""
-    from workbench.store.layout import DB_NAME
-
-    runs = sorted(p for p in folder.glob("*") if (p / DB_NAME).is_file()) if folder.is_dir() else []
-    return runs[-1] if runs else None
-
-
-def _status(run_dir: Path) -> str:
-    from workbench.store import RunReader
-
-    with RunReader(run_dir) as reader:
-        return str(reader.info()["status"])
-
-
 def make_run(
     run: PlannedRun,
     runs_dir: str | Path,
@@ -196,15 +178,16 @@ def make_run(
 ) -> Path:
     """Make ``run`` in ``runs_dir/<name>/``, or finish it: kept if it finished, resumed if a training run
     stopped before its end, redone if a rollout did not finish. Returns its run directory."""
+    from workbench.reports.series import newest_run
     from workbench.rl.config import TrainConfig
     from workbench.topology import to_yaml
-    from workbench.training import TOPOLOGY_FILE, create, run_here
+    from workbench.training import TOPOLOGY_FILE, BackgroundRun, create, run_here
 
     folder = Path(runs_dir) / run.name
     fields = scaled(run, scale)
     model = model or ("tiny" if scale == "sample" else "smollm2-135m")
-    existing = _existing(folder)
-    if existing is not None and _status(existing) == "finished":
+    existing = newest_run(folder)  # an earlier attempt's, if any
+    if existing is not None and BackgroundRun(existing).status == "finished":
         log(f"{run.name}: finished before, kept ({existing})")
         return existing
     if run.rollout:

@@ -44,13 +44,18 @@ class NotebookResult:
         return self.error is None
 
 
-def report_notebooks(papers: str | Sequence[str] = "all", reports_dir: Path = REPORTS_DIR) -> list[Path]:
-    """The report notebooks of ``papers`` ("all", a paper, or several), in paper then name order."""
+def chosen_papers(papers: str | Sequence[str] = "all") -> list[str]:
+    """``papers`` ("all", a paper, or several) as a list of known paper names; an unknown one is refused."""
     chosen = list(PAPERS) if papers == "all" else [papers] if isinstance(papers, str) else list(papers)
     unknown = [p for p in chosen if p not in PAPERS]
     if unknown:
         raise ValueError(f"unknown paper(s) {', '.join(unknown)}; choose from all, {', '.join(PAPERS)}")
-    return [nb for paper in chosen for nb in sorted((reports_dir / paper).glob("*.ipynb"))]
+    return chosen
+
+
+def report_notebooks(papers: str | Sequence[str] = "all", reports_dir: Path = REPORTS_DIR) -> list[Path]:
+    """The report notebooks of ``papers`` ("all", a paper, or several), in paper then name order."""
+    return [nb for paper in chosen_papers(papers) for nb in sorted((reports_dir / paper).glob("*.ipynb"))]
 
 
 def _run_one(notebook: Path, runs: str, out: Path, benchmark: str, timeout: float) -> NotebookResult:

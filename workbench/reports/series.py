@@ -58,6 +58,12 @@ def resolve_runs(
     return dict(pairs)
 
 
+def newest_run(folder: Path) -> Path | None:
+    """The newest run directly in ``folder`` (run ids begin with their start time), or None."""
+    runs = sorted(p for p in folder.iterdir() if _is_run(p)) if folder.is_dir() else []
+    return runs[-1] if runs else None
+
+
 def _runs_in(folder: Path) -> list[tuple[str, Path]]:
     """The runs in ``folder``, by id, and those one level down, by their folder's name (the newest run of each:
     ``workbench reproduce --train`` keeps each planned run in a folder named after it)."""
@@ -65,8 +71,8 @@ def _runs_in(folder: Path) -> list[tuple[str, Path]]:
     for child in sorted(p for p in folder.iterdir() if p.is_dir()):
         if _is_run(child):
             found.append((child.name, child))
-        elif inner := sorted(p for p in child.iterdir() if p.is_dir() and _is_run(p)):
-            found.append((child.name, inner[-1]))
+        elif (inner := newest_run(child)) is not None:
+            found.append((child.name, inner))
     return found
 
 
