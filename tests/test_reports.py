@@ -15,11 +15,14 @@ from nbval.plugin import coalesce_streams, transform_streams_for_comparison
 
 from tests.notebook_outputs import is_checked
 from workbench.cli import main
+from workbench.reports import series
 from workbench.reports.figures import figure_data
 from workbench.reports.reproduce import REPORTS_DIR, absolute_runs, report_notebooks, reproduce
 from workbench.reports.sample import train_sample_runs
 from workbench.reports.series import RUNS_ENV, resolve_runs, run_spec, select_runs
 from workbench.store import RunReader
+from workbench.store.summary import is_summary
+from workbench.tools import make_tool
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -46,6 +49,11 @@ def test_runs_are_named_by_label_id_or_folder(run_dir, tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match=r"not a run directory \(no run.db\): gone="):
         resolve_runs(f"gone={tmp_path / 'missing'}")
     monkeypatch.delenv(RUNS_ENV)
+    committed = resolve_runs("")  # the summaries in reports/runs/, each a run built from its summary
+    assert list(committed) == sorted(p.name for p in series.COMMITTED_RUNS.iterdir() if is_summary(p))
+    with RunReader(committed["marsrl"]) as reader:
+        assert reader.info()["status"] == "finished" and reader.config["topology"] == "marsrl_cpu"
+    monkeypatch.setattr(series, "COMMITTED_RUNS", tmp_path / "none")
     with pytest.raises(ValueError, match=f"pass runs=.* or set {RUNS_ENV}"):
         resolve_runs("")
 
@@ -97,21 +105,13 @@ def _figure(out: Path, paper: str, notebook: str, name: str | None = None) -> li
     return json.loads((out / paper / notebook / f"{name or notebook}.json").read_text())["panels"]
 
 
-def test_reproduce_marsrl_draws_every_figure_from_the_runs(run_dir, tmp_path, capsys):
-    out = tmp_path / "out"
-    runs = f"random={run_dir},adaptive={run_dir}"
-    assert main(["reproduce", "marsrl", "--runs", runs, "--out", str(out)]) == 0, capsys.readouterr().err
-    names = [nb.stem for nb in report_notebooks("marsrl")]
-    for name in names:
-        assert (out / "marsrl" / name / f"{name}.ipynb").is_file(), f"{name} was not executed"
-    index = (out / "index.html").read_text()
-    assert f"{len(names)} of {len(names)} notebooks ran" in index and "fig5_verifier.png" in index
-
+def test_marsrl_figures_draw_both_runs_of_the_reward_comparison(run_dir, reproduced):
+    out = reproduced
     with RunReader(run_dir) as reader:
         wide = reader.metrics_wide()
         evals = reader.events(kind="eval")
     (fig4,) = _figure(out, "marsrl", "fig4_sampling", "fig4_sampling")
-    assert [s["label"] for s in fig4["series"]] == ["adaptive", "random"]
+    assert [s["label"] for s in fig4["series"]] == ["marsrl", "marsrl_shared_reward"]
     assert fig4["series"][0]["y"] == pytest.approx(wide["eval/accuracy"].dropna().tolist())
 
     accuracy, recall = _figure(out, "marsrl", "fig5_verifier", "fig5_verifier")
@@ -122,6 +122,7 @@ def test_reproduce_marsrl_draws_every_figure_from_the_runs(run_dir, tmp_path, ca
     }
     total = sum(confusion.values())
     expected = ((confusion["tp"] + confusion["tn"]) / total).dropna()
+    # read from the calls, the same as the counts the agent-specific reward logged; the shared one logs none
     assert accuracy["series"][0]["y"] == pytest.approx(expected[total > 0].tolist())
 
     lengths, solver = _figure(out, "marsrl", "fig6_lengths", "fig6_lengths")
@@ -129,7 +130,7 @@ def test_reproduce_marsrl_draws_every_figure_from_the_runs(run_dir, tmp_path, ca
     assert solver["series"][0]["y"] == pytest.approx(wide["solver/length/mean"].dropna().tolist())
 
     table = pd.read_csv(out / "marsrl" / "tables" / "table1_run.csv")
-    trained = table[(table["run"] == "random") & (table["model"] == "trained")].iloc[0]
+    trained = table[(table["run"] == "marsrl") & (table["model"] == "trained")].iloc[0]
     last = evals.iloc[-1]
     scores = last["payload"]["tasks"].values()
     assert trained["step"] == last["step"] and trained["tasks"] == len(scores)
@@ -257,8 +258,13 @@ def test_mars_figures_draw_every_panel_from_the_mars_run(sample_runs, reproduced
     tables = reproduced / "mars" / "tables"
     table4 = pd.read_csv(tables / "table4_run.csv")
     assert list(table4.columns) == ["run", "hops", "calls / search", "results / search"]
-    runs_table = pd.read_csv(tables / "tables1_3_run.csv")
-    assert runs_table["tools"].tolist() == ["search"] and runs_table["topology"].tolist() == ["mars_cpu"]
+    runs_table = pd.read_csv(tables / "tables1_3_run.csv").set_index("run")
+    assert runs_table["tools"].to_dict() == {"mars": "search", "mars_without_search": "none"}  # the ablation
+    assert set(runs_table["topology"]) == {"mars_cpu"}
+    ablation = runs_table.loc["mars_without_search"]
+    with RunReader(sample_runs["mars_without_search"]) as reader:
+        rolled = reader.episodes()
+    assert ablation["trained accuracy"] == pytest.approx(100 * (rolled["reward"].fillna(0) >= 1).mean())
     for item in ("table1", "table2", "table3", "table4"):
         assert (tables / f"{item}_paper.csv").is_file()
 
@@ -275,12 +281,19 @@ def test_matpo_figures_and_headline_come_from_the_matpo_run(sample_runs, reprodu
     run, label = sample_runs["matpo"], "matpo"
     (fig5,) = _figure(reproduced, "matpo", "fig5_accuracy")
     assert fig5["title"] == "test accuracy on multihop"
-    (curve,) = fig5["series"]
-    assert curve["label"] == label and curve["y"] == pytest.approx(_heldout_accuracy(run))
+    curves = {s["label"]: s for s in fig5["series"]}  # MATPO and its single-agent baseline
+    assert set(curves) == {label, "matpo_single_agent"}
+    assert curves[label]["y"] == pytest.approx(_heldout_accuracy(run))
+    single = sample_runs["matpo_single_agent"]
+    assert curves["matpo_single_agent"]["y"] == pytest.approx(_heldout_accuracy(single))
 
     test, training = _figure(reproduced, "matpo", "fig6_ablations")
     assert test["title"] == "(a) test accuracy (running average@5)"
-    (planner,) = training["series"]
+    entry = {
+        s["label"]: s for s in training["series"]
+    }  # each run's entry role: the single agent's is the worker
+    assert set(entry) == {f"{label} (planner)", "matpo_single_agent (worker)"}
+    planner = entry[f"{label} (planner)"]
     with RunReader(run) as reader:
         accuracy = reader.metrics(name="accuracy", role="planner")["value"]
     assert planner["label"] == f"{label} (planner)"
@@ -297,8 +310,9 @@ def test_matpo_figures_and_headline_come_from_the_matpo_run(sample_runs, reprodu
     assert sum(len(s["y"]) for s in batch["series"]) == len(first)
     assert {s["label"] for s in batch["series"]} == set(first["role"])
 
-    headline = pd.read_csv(reproduced / "matpo" / "headline" / "headline_run.csv")
-    assert headline["accuracy"].tolist() == pytest.approx(_heldout_accuracy(run)[-1:])
+    headline = pd.read_csv(reproduced / "matpo" / "headline" / "headline_run.csv").set_index("Method")
+    assert headline.loc[label, "accuracy"] == pytest.approx(_heldout_accuracy(run)[-1])
+    assert headline.loc["matpo_single_agent", "accuracy"] == pytest.approx(_heldout_accuracy(single)[-1])
     paper = pd.read_csv(reproduced / "matpo" / "headline" / "headline_paper.csv")
     assert paper["Method"].tolist() == ["Single-agent GRPO", "MATPO"]
 
@@ -312,8 +326,8 @@ def test_hira_figures_and_tables_come_from_the_hira_rollout(sample_runs, reprodu
     right = episodes["reward"].fillna(0) >= 1
 
     (fig4,) = _figure(reproduced, "hira", "fig4_subsets")
-    (bars,) = fig4["series"]
-    assert bars["label"] == label
+    bars, flat = fig4["series"]  # the hierarchical system and its flat ablation
+    assert (bars["label"], flat["label"]) == (label, "hira_flat")
     assert bars["y"] == pytest.approx((100 * right.groupby(hops).mean()).tolist())
 
     length, interactions = _figure(reproduced, "hira", "fig5_efficiency")
@@ -323,12 +337,12 @@ def test_hira_figures_and_tables_come_from_the_hira_rollout(sample_runs, reprodu
     assert length["series"][0]["y"] == pytest.approx([per_episode.mean()])
 
     (fig3,) = _figure(reproduced, "hira", "fig3_subtasks")
-    (line,) = fig3["series"]
-    assert line["x"] == [10.0]  # hira.yaml's max_subtasks
+    assert [line["x"] for line in fig3["series"]] == [[10.0], [10.0]]  # hira.yaml's max_subtasks, both runs
 
     tables = reproduced / "hira"
     run_table = pd.read_csv(tables / "tables" / "tables1_2_run.csv")
     assert list(run_table.columns) == ["Method", "multihop / 1", "multihop / 2", "multihop / Avg."]
+    assert run_table["Method"].tolist() == [label, "hira_flat"]
     assert run_table.loc[0, "multihop / Avg."] == pytest.approx(100 * right.mean())
     episode = pd.read_csv(tables / "table3_episode" / "table3_episode.csv")
     shown = episodes[right]["id"].iloc[0] if right.any() else episodes["id"].iloc[0]
@@ -336,6 +350,36 @@ def test_hira_figures_and_tables_come_from_the_hira_rollout(sample_runs, reprodu
     assert (tables / "tables" / "table2_paper.csv").is_file()
     diagrams = {p.stem for p in (tables / "diagrams").glob("*.svg")}
     assert diagrams == {"fig1a_direct_reasoning", "fig1b_search_augmented_reasoning", "fig2_hira"}
+
+
+def test_each_comparison_run_differs_from_its_system_as_the_plan_says(sample_runs):
+    """MATPO's single agent is the worker alone; MARS's tool ablation rolls the trained model out over the
+    trained run's own held-out questions with a search that finds nothing; HiRA's flat ablation searches
+    from the meta planner, with no coordinator or experts."""
+    with RunReader(sample_runs["matpo_single_agent"]) as reader:
+        roles = set(reader.calls(columns=["role"])["role"])
+    assert roles == {"worker"}
+
+    with RunReader(sample_runs["mars"]) as trained, RunReader(sample_runs["mars_without_search"]) as ablation:
+        held_out = set(trained.events(kind="eval")["payload"].iloc[-1]["tasks"])
+        episodes, config = ablation.episodes(), ablation.config
+        meta = episodes["task_meta"].iloc[
+            0
+        ]  # the entity a held-out question asks about, and its knowledge base
+    assert set(episodes["task_id"]) == held_out  # paired with the trained run's last evaluation
+    # the weights mars trained, exported beside the rollout
+    assert Path(config["model"]) == sample_runs["mars_without_search"].parent / "trained-model"
+    found = {}
+    for name in ("mars", "mars_without_search"):
+        search = run_spec(sample_runs[name]).tools["search"]
+        kb = {"kb_seed": meta["kb_seed"], "n_entities": meta["n_entities"]}
+        found[name] = make_tool(search.kind, **search.options, **kb).search([meta["start"]])
+    assert len(found["mars"]) == 1 and found["mars_without_search"] == []
+
+    with RunReader(sample_runs["hira_flat"]) as reader:
+        calls = reader.calls(columns=["role", "tool_calls"])
+    assert set(calls["role"]) == {"meta_planner"}
+    assert {t["name"] for ts in calls["tool_calls"] for t in ts or []} <= {"search"}
 
 
 def test_mas_orchestra_figures_come_from_the_orchestrator_run(sample_runs, reproduced):

@@ -10,9 +10,10 @@ import pytest
 import workbench as wb
 from workbench.cli import main
 from workbench.reference import PAPERS
-from workbench.reports.plan import PLAN, make_runs, planned, runs_argument, scaled
+from workbench.reports.plan import PLAN, export_summaries, make_runs, planned, runs_argument, scaled
 from workbench.reports.series import resolve_runs, run_spec
 from workbench.store import RunReader
+from workbench.store.summary import read_summary
 from workbench.topology import to_dict
 
 
@@ -26,6 +27,16 @@ def test_every_paper_has_runs_and_the_scales_shorten_them():
     quick = scaled(marsrl, "quick")
     assert (quick["steps"], quick["eval_tasks"]) == (5, 16)  # a fifth of 25 steps, at most 16 held out
     assert scaled(marsrl, "sample")["steps"] == 3
+    by_name = {run.name: run for run in PLAN}
+    for scale in (
+        "full",
+        "quick",
+        "sample",
+    ):  # the tool ablation rolls out over its trained run's held-out tasks
+        assert (
+            scaled(by_name["mars_without_search"], scale)["n_tasks"]
+            == scaled(by_name["mars"], scale)["eval_tasks"]
+        )
     with pytest.raises(ValueError, match="unknown scale 'huge'; choose from full, quick, sample"):
         scaled(marsrl, "huge")
     with pytest.raises(ValueError, match="unknown paper.*nope"):
@@ -65,6 +76,24 @@ def test_an_interrupted_run_resumes_a_finished_one_is_kept_and_the_variant_chang
     assert variant == system
     # the notebooks find the runs by the plan's names, given one by one or as the folder
     assert resolve_runs(runs_argument(made)) == made == resolve_runs(str(tmp_path))
+
+    # and their summaries (what reports/runs/ holds) the same way, with what made them
+    summaries = export_summaries(made, tmp_path / "summaries", "workbench reproduce marsrl --train", "sample")
+    assert summaries == {name: tmp_path / "summaries" / name for name in made}
+    about = read_summary(summaries["marsrl_shared_reward"])
+    assert (about["command"], about["scale"], about["seed"]) == (
+        "workbench reproduce marsrl --train",
+        "sample",
+        0,
+    )
+    assert about["changes"] == {"roles.verifier1.reward": {"kind": "outcome"}} and about["model"] == "tiny"
+    drawn = resolve_runs(str(tmp_path / "summaries"))
+    assert list(drawn) == list(made)
+    for name, run_dir in made.items():
+        with RunReader(run_dir) as run, RunReader(drawn[name]) as summary:
+            assert summary.metrics()["value"].tolist() == run.metrics()["value"].tolist()
+            # the variant's spec came along
+            assert to_dict(run_spec(drawn[name])) == to_dict(run_spec(run_dir))
 
 
 def test_train_and_runs_together_are_refused(tmp_path, capsys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -230,13 +231,23 @@ def _reproduce(args: argparse.Namespace) -> int:
 
     runs = args.runs
     if args.train:  # make (or finish) the plan's runs first, then draw the notebooks from them
-        from workbench.reports.plan import make_runs, runs_argument
+        from workbench.reports.plan import export_summaries, make_runs, runs_argument
 
         if runs:
             print("error: --train makes the runs; leave out --runs (or pass --runs-dir)", file=sys.stderr)
             return 2
         scale = "quick" if args.quick else "full"
-        runs = runs_argument(make_runs(args.runs_dir, args.paper, scale, args.model))
+        made = make_runs(args.runs_dir, args.paper, scale, args.model)
+        if args.summaries:
+            command = shlex.join(
+                ["workbench", "reproduce", args.paper, "--train"]
+                + ["--quick"] * args.quick
+                + (["--model", args.model] if args.model else [])
+                + ["--runs-dir", args.runs_dir, "--summaries", args.summaries]
+            )
+            for name, path in export_summaries(made, args.summaries, command, scale).items():
+                print(f"{name}: summary in {path}")
+        runs = runs_argument(made)
     results = reproduce(
         args.paper, runs, args.out, benchmark=args.benchmark, workers=args.workers, timeout=args.timeout
     )
@@ -356,7 +367,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("reproduce", help="regenerate the papers' figures and tables from runs (papermill)")
     p.add_argument("paper", help="all, or one of: mars, marsrl, matpo, hira, mas_orchestra")
-    p.add_argument("--runs", default="", help="'label=run_dir,...', a run directory, or a directory of runs")
+    p.add_argument(
+        "--runs",
+        default="",
+        help="'label=run_dir,...', a run directory or summary, or a folder of them "
+        "(default: the summaries committed in reports/runs)",
+    )
     p.add_argument("--out", default="reports-out", help="where figures, executed notebooks and index.html go")
     p.add_argument("--benchmark", default="", help="benchmark subset the notebooks restrict to (empty: all)")
     p.add_argument("--workers", type=int, default=2, help="notebooks executed at once")
@@ -372,6 +388,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--runs-dir", default="runs/reproduce", help="--train: where the runs go (default %(default)s)"
     )
     p.add_argument("--model", default=None, help="--train: the model (default smollm2-135m)")
+    p.add_argument(
+        "--summaries",
+        default=None,
+        help="--train: also write each run's summary (a few KB to commit) to this folder, e.g. reports/runs",
+    )
     p.set_defaults(func=_reproduce)
 
     p = sub.add_parser(

@@ -26,10 +26,18 @@ SCALES = ("full", "quick", "sample")
 
 
 @dataclass(frozen=True)
+class Copied:
+    """A change whose value is another part of the same spec, by dotted path (a subflow's node made the flow's)."""
+
+    path: str
+
+
+@dataclass(frozen=True)
 class PlannedRun:
     """One run of the plan: ``name`` is its folder and its label in the notebooks; ``fields`` are its
-    ``TrainConfig`` fields at full scale (a rollout's: ``tasks``, ``task_options``, ``n_tasks``, ``max_tokens``);
-    ``changes`` replace parts of its topology's spec, by dotted path (a comparison's variant)."""
+    ``TrainConfig`` fields at full scale (a rollout's: ``tasks``, ``task_options``, ``n_tasks``, ``task_seed``,
+    ``max_tokens``, ``sampling``); ``changes`` replace parts of its topology's spec, by dotted path (a
+    comparison's variant); a rollout with ``model_of`` rolls out the model that run of the plan trained."""
 
     name: str
     paper: str
@@ -38,6 +46,7 @@ class PlannedRun:
     fields: Mapping[str, Any]
     changes: Mapping[str, Any] = field(default_factory=dict)
     rollout: bool = False
+    model_of: str | None = None
 
 
 #: MarsRL's CPU system as ``make demo`` trains it (single-digit addition, 25 steps of 4 problems x 4 samples).
@@ -65,6 +74,30 @@ _MARS = dict(
     warmup_steps=2,
     aggregation="token_mean",
 )
+#: MATPO's CPU system and its single-agent baseline: the same questions and budget.
+_MATPO = dict(_MARS, task_options={"hops": 2, "verifier": "f1", "n_entities": 200, "kb_seed": 0})
+
+#: HiRA's tasks (it trains nothing: rollouts of the base model), and the prompt of its flat ablation's reasoner.
+_HIRA = dict(tasks="multihop", task_options={"hops": [1, 2]}, n_tasks=32)
+_SEARCHING_REASONER = (
+    "You are a reasoning assistant who can search documents to answer the user's task. To search, write "
+    "<|begin_search_query|> your query <|end_search_query|>; the results arrive as <|begin_search_result|> ... "
+    "<|end_search_result|>. Search as often as you need ({{ max_subtasks }} searches at most), then give the "
+    "final answer in \\boxed{}.\nUser's Task: {{ question }}"
+)
+
+
+def _held_out_rollout(training: Mapping[str, Any]) -> dict[str, Any]:
+    """A greedy rollout over the held-out tasks of a training run with ``training``'s fields (the training loop
+    draws them from the seed 10,000 above the run's seed, 0 here)."""
+    return dict(
+        tasks=training["tasks"],
+        task_options=training["task_options"],
+        n_tasks=training["eval_tasks"],
+        task_seed=10_000,
+        sampling={"temperature": 0.0},
+    )
+
 
 PLAN: tuple[PlannedRun, ...] = (
     PlannedRun("marsrl", "marsrl", "marsrl_cpu", "Solver and Verifier, agent-specific rewards", _MARSRL),
@@ -78,11 +111,35 @@ PLAN: tuple[PlannedRun, ...] = (
     ),
     PlannedRun("mars", "mars", "mars_cpu", "System 2 searching, System 1 reading, trained together", _MARS),
     PlannedRun(
+        "mars_without_search",
+        "mars",
+        "mars_cpu",
+        "the trained system with its search finding nothing (Table 3's tool ablation: every document "
+        "blocked), on the run's held-out questions, greedy",
+        _held_out_rollout(_MARS),
+        changes={"tools.search.options.blocklist": ["kb://"]},  # every document of the knowledge base blocked
+        rollout=True,
+        model_of="mars",
+    ),
+    PlannedRun(
         "matpo",
         "matpo",
         "matpo_cpu",
         "planner and worker of one model, the worker searching",
-        dict(_MARS, task_options={"hops": 2, "verifier": "f1", "n_entities": 200, "kb_seed": 0}),
+        _MATPO,
+    ),
+    PlannedRun(
+        "matpo_single_agent",
+        "matpo",
+        "matpo_cpu",
+        "single-agent GRPO on the same questions and budget: matpo_cpu's worker answers the question alone, "
+        "searching (the paper's baseline)",
+        _MATPO,
+        changes={
+            "flow.nodes.plan": Copied("subflows.work.nodes.research"),
+            "roles.worker.prefill": "Question: {{ question }}\n",
+            "roles.worker.reward": {"kind": "outcome", "verifier": "f1"},
+        },
     ),
     PlannedRun(
         "mas_orchestra",
@@ -93,11 +150,12 @@ PLAN: tuple[PlannedRun, ...] = (
             tasks="masbench_small",
             task_options={"values": [1, 2, 3]},
             n_tasks=120,
-            eval_tasks=48,
+            eval_tasks=60,
             steps=12,
-            batch_size=4,
-            group_size=4,
-            learning_rate=3e-5,
+            batch_size=6,
+            group_size=8,
+            temperature=0.7,
+            learning_rate=2e-5,
             warmup_steps=2,
             aggregation="token_mean",
         ),
@@ -107,7 +165,31 @@ PLAN: tuple[PlannedRun, ...] = (
         "hira",
         "hira",
         "the hierarchical system's rollouts (HiRA trains nothing)",
-        dict(tasks="multihop", task_options={"hops": [1, 2]}, n_tasks=32),
+        _HIRA,
+        rollout=True,
+    ),
+    PlannedRun(
+        "hira_flat",
+        "hira",
+        "hira",
+        "the flat ablation: the meta planner searches by itself, no coordinator or experts (Fig. 1b, "
+        "search-augmented reasoning), on the same tasks",
+        _HIRA,
+        changes={
+            "roles.meta_planner.messages": [{"role": "user", "content": _SEARCHING_REASONER}],
+            "flow.nodes.plan.tools": ["search"],
+            "flow.nodes.plan.protocol_options": {
+                "begin": "<|begin_search_query|>",
+                "end": "<|end_search_query|>",
+                "tool": "search",
+                "argument": "query",
+                "result_begin": "<|begin_search_result|>",
+                "result_end": "<|end_search_result|>",
+            },
+            "flow.nodes.plan.refuse_duplicates": "You have already searched for this. Use what you found.",
+            "flow.nodes.plan.final_prompt": "\n\n<warning>No more searches. Give your final answer in \\boxed{}."
+            "</warning>\n\n",
+        },
         rollout=True,
     ),
 )
@@ -123,6 +205,8 @@ def scaled(run: PlannedRun, scale: str) -> dict[str, Any]:
         return fields
     if run.rollout:
         n = {"quick": 8, "sample": 4}[scale]
+        if run.model_of:  # the held-out tasks of the run that trained the model, at the same scale
+            n = scaled(next(r for r in PLAN if r.name == run.model_of), scale)["eval_tasks"]
         return {**fields, "n_tasks": n, **({"max_tokens": 8} if scale == "sample" else {})}
     if scale == "quick":
         return {**fields, "steps": max(2, fields["steps"] // 5), "eval_tasks": min(16, fields["eval_tasks"])}
@@ -150,15 +234,22 @@ def planned(papers: str | Sequence[str] = "all") -> list[PlannedRun]:
 
 
 def _changed(spec: dict, changes: Mapping[str, Any]) -> dict:
-    """``spec`` with each dotted path of ``changes`` (``roles.verifier1.reward``) replaced by its value."""
+    """``spec`` with each dotted path of ``changes`` (``roles.verifier1.reward``) replaced by its value (a
+    ``Copied`` value: the spec's part at that path, as it was before the changes)."""
     out = copy.deepcopy(spec)
     for path, value in changes.items():
+        if isinstance(value, Copied):
+            value = _at(spec, value.path)
         *parents, leaf = path.split(".")
-        node = out
-        for key in parents:
-            node = node[key]
-        node[leaf] = copy.deepcopy(value)
+        _at(out, ".".join(parents))[leaf] = copy.deepcopy(value)
     return out
+
+
+def _at(spec: dict, path: str) -> Any:
+    node = spec
+    for key in filter(None, path.split(".")):
+        node = node[key]
+    return node
 
 
 def _topology(run: PlannedRun) -> Any:
@@ -193,6 +284,8 @@ def make_run(
     if run.rollout:
         if existing is not None:
             shutil.rmtree(existing)
+        if run.model_of:
+            model = _trained_model(run, Path(runs_dir), folder)
         return _rollout(run, folder, fields, model, log)
     if existing is None:
         config = TrainConfig(topology=run.topology, model=model, runs_dir=str(folder), **fields)
@@ -208,15 +301,37 @@ def make_run(
     return existing
 
 
+def _trained_model(run: PlannedRun, runs_dir: Path, folder: Path) -> str:
+    """The weights the plan's run ``run.model_of`` trained, exported into ``folder`` (again each time: a few s)."""
+    from workbench.reports.series import newest_run
+    from workbench.rl.export import export_model
+    from workbench.training import BackgroundRun
+
+    trained = newest_run(runs_dir / str(run.model_of))
+    if trained is None or BackgroundRun(trained).status != "finished":
+        raise RuntimeError(
+            f"{run.name} rolls out the model {run.model_of} trained, and {run.model_of} has not finished in "
+            f"{runs_dir}; make it first (workbench reproduce {run.paper} --train makes both, in order)"
+        )
+    return str(export_model(trained, folder / "trained-model"))
+
+
 def _rollout(run: PlannedRun, folder: Path, fields: dict, model: str, log: Callable) -> Path:
     import workbench as wb
 
     log(f"{run.name}: rolling {run.topology} out over {fields['n_tasks']} tasks ({run.what})")
+    tasks = wb.generate_tasks(
+        fields["tasks"],
+        n=fields["n_tasks"],
+        seed=fields.get("task_seed", 0),
+        **fields.get("task_options", {}),
+    )
     result = wb.rollout(
         _topology(run),
-        wb.generate_tasks(fields["tasks"], n=fields["n_tasks"], seed=0, **fields.get("task_options", {})),
+        tasks,
         model=model,
         max_tokens=fields.get("max_tokens"),
+        sampling=fields.get("sampling"),
         runs_dir=str(folder),
     )
     return Path(result.run_dir)
@@ -236,6 +351,36 @@ def make_runs(
         log(f"[{i}/{len(runs)}] {run.name} ({run.paper})")
         made[run.name] = make_run(run, runs_dir, scale, model, log)
     return made
+
+
+def export_summaries(
+    made: Mapping[str, Path], out_dir: str | Path, command: str, scale: str = "full"
+) -> dict[str, Path]:
+    """Each run of ``made`` summarised in ``out_dir/<name>/`` (``workbench.store.summary``: what the reports read,
+    without the prompts and token ids), with the command, scale, seed and plan entry that made it."""
+    from workbench.store import RunReader
+    from workbench.store.summary import export_summary
+
+    by_name = {run.name: run for run in PLAN}
+    written = {}
+    for name, run_dir in made.items():
+        entry = by_name[name]
+        with RunReader(run_dir) as reader:
+            config = reader.config
+        written[name] = export_summary(
+            run_dir,
+            Path(out_dir) / name,
+            command=command,
+            scale=scale,
+            paper=entry.paper,
+            topology=entry.topology,
+            what=entry.what,
+            changes=dict(entry.changes),
+            model=config.get("model"),
+            model_of=entry.model_of,
+            seed=config.get("seed", 0),
+        )
+    return written
 
 
 def runs_argument(made: Mapping[str, Path]) -> str:

@@ -2,7 +2,9 @@
 
 Every function takes run directories and returns a pandas frame in long form (one row per run,
 step and series), so a notebook only draws. Runs are named by a label (``resolve_runs``): a
-report comparing strategies or ablations passes ``"random=runs/a,adaptive=runs/b"``.
+report comparing strategies or ablations passes ``"random=runs/a,adaptive=runs/b"``. A run's summary
+(``workbench.store.summary``: the run without its prompts and token ids, what ``reports/runs/`` holds)
+stands wherever a run does; given nothing, the reports draw on the summaries committed in ``reports/runs/``.
 """
 
 from __future__ import annotations
@@ -14,14 +16,27 @@ from typing import Any
 
 import pandas as pd
 
+from workbench.engine.parsers import VERDICT_PARSERS
 from workbench.store import RunReader
 from workbench.store.layout import DB_NAME
+from workbench.store.summary import is_summary, open_summary
 
 RUNS_ENV = "WORKBENCH_REPORT_RUNS"
+#: The summaries of the report plan's runs, committed with the repository (``workbench reproduce --train``).
+COMMITTED_RUNS = Path(__file__).resolve().parents[2] / "reports" / "runs"
 
 
 def _is_run(path: Path) -> bool:
-    return (path / DB_NAME).is_file()
+    return (path / DB_NAME).is_file() or is_summary(path)
+
+
+def _readable(path: Path) -> Path:
+    """A run directory as it is; a summary as the run directory built from it in the model cache."""
+    if not is_summary(path):
+        return path
+    from workbench.models.cache import cache_root
+
+    return open_summary(path, cache_root() / "summaries")
 
 
 def resolve_runs(
@@ -31,11 +46,14 @@ def resolve_runs(
 
     Accepted: a mapping label -> directory; ``"label=dir,label=dir"``; ``"dir,dir"`` (labels are the
     run ids); one run directory; a directory of runs (every run in it, by id, and the newest run of each folder
-    in it, by the folder's name). Empty: the
-    ``WORKBENCH_REPORT_RUNS`` environment variable, in the same forms.
+    in it, by the folder's name). A run's summary counts as a run (its label: its folder's name). Empty: the
+    ``WORKBENCH_REPORT_RUNS`` environment variable, in the same forms, else the committed summaries
+    (``reports/runs/``).
     """
     if runs is None or (isinstance(runs, str) and not runs.strip()):
         runs = os.environ.get(RUNS_ENV, "")
+        if not runs.strip() and COMMITTED_RUNS.is_dir():
+            runs = str(COMMITTED_RUNS)
         if not runs.strip():
             raise ValueError(f"no runs given: pass runs='label=dir,...' or set {RUNS_ENV}")
     if isinstance(runs, Mapping):
@@ -55,18 +73,19 @@ def resolve_runs(
         raise FileNotFoundError(f"not a run directory (no {DB_NAME}): {', '.join(missing)}")
     if not pairs:
         raise ValueError(f"no runs found in {runs!r}")
-    return dict(pairs)
+    return {label: _readable(path) for label, path in pairs}
 
 
 def newest_run(folder: Path) -> Path | None:
     """The newest run directly in ``folder`` (run ids begin with their start time), or None."""
-    runs = sorted(p for p in folder.iterdir() if _is_run(p)) if folder.is_dir() else []
+    runs = sorted(p for p in folder.iterdir() if (p / DB_NAME).is_file()) if folder.is_dir() else []
     return runs[-1] if runs else None
 
 
 def _runs_in(folder: Path) -> list[tuple[str, Path]]:
     """The runs in ``folder``, by id, and those one level down, by their folder's name (the newest run of each:
-    ``workbench reproduce --train`` keeps each planned run in a folder named after it)."""
+    ``workbench reproduce --train`` keeps each planned run in a folder named after it; a summary is named
+    after its folder)."""
     found = []
     for child in sorted(p for p in folder.iterdir() if p.is_dir()):
         if _is_run(child):
@@ -90,6 +109,17 @@ def select_runs(runs: Mapping[str, Path], topologies: Sequence[str], paper: str)
         ran = ", ".join(f"{label} ({name})" for label, name in found.items())
         raise ValueError(f"no {paper} run (topology {' or '.join(topologies)}) among: {ran}")
     return picked
+
+
+def trained_runs(runs: Mapping[str, Path]) -> dict[str, Path]:
+    """The training runs among ``runs`` (not rollouts: a tool ablation rolls out a trained model): what a
+    figure of training curves draws."""
+    kept = {}
+    for label, path in runs.items():
+        with RunReader(path) as reader:
+            if reader.config.get("kind") != "rollout":
+                kept[label] = path
+    return kept
 
 
 def metric_curves(runs: Mapping[str, Path], names: Sequence[str], role: str | None = None) -> pd.DataFrame:
@@ -118,27 +148,41 @@ def role_metric(runs: Mapping[str, Path], name: str, roles: Sequence[str] | None
 def verifier_detection(runs: Mapping[str, Path], roles: Sequence[str] | None = None) -> pd.DataFrame:
     """Per run and step, the Verifiers' error detection: accuracy and recall (MarsRL Fig. 5).
 
-    The store counts verdicts with "the solution is correct" as positive (``verifier/tp`` = said
-    correct and was). MarsRL's recall takes a flagged error as positive: recall = errors flagged
-    Wrong / wrong solutions judged = tn / (tn + fp). Accuracy counts a call with no verdict
-    (``verifier/no_verdict``) as not right, as its reward does. Both are pooled over the verifier roles.
+    Read from the calls, so that it holds whatever the Verifiers were rewarded with (MarsRL's comparison: a
+    Verifier rewarded by the system's outcome records no confusion counts of its own). A Verifier is a role
+    whose parser reads a verdict (``action["verdict"]``); the truth of what it judged is its reward's
+    ``judged_correct`` or, failing that, the accuracy of the call it read (``source_id``). "The solution is
+    correct" counts as positive (tp = said correct and was); MarsRL's recall takes a flagged error as
+    positive: recall = errors flagged Wrong / wrong solutions judged = tn / (tn + fp). Accuracy counts a call
+    with no verdict as not right, as the verdict reward does. Both are pooled over the verifier roles.
     """
     rows = []
     for label, run_dir in runs.items():
         with RunReader(run_dir) as reader:
-            counts = reader.metrics(name=[f"verifier/{k}" for k in ("tp", "fp", "tn", "fn", "no_verdict")])
-        counts = counts[counts["role"].notna()]
-        if roles:
-            counts = counts[counts["role"].isin(roles)]
-        pooled = counts.pivot_table(index="step", columns="name", values="value", aggfunc="sum").fillna(0.0)
-        for key in ("tp", "fp", "tn", "fn", "no_verdict"):
-            pooled[key] = pooled.get(f"verifier/{key}", 0.0)
-        for step, c in pooled.iterrows():
-            total = c["tp"] + c["fp"] + c["tn"] + c["fn"] + c["no_verdict"]
+            calls = reader.calls(columns=["step", "role", "source_id", "action", "rewards"])
+        verdicts = calls["action"].map(lambda a: a.get("verdict") if isinstance(a, Mapping) else None)
+        judging = {name for name, role in run_spec(run_dir).roles.items() if role.parser in VERDICT_PARSERS}
+        judges = judging & set(roles or judging)
+        accuracy = {i: (r or {}).get("accuracy") for i, r in zip(calls["id"], calls["rewards"], strict=True)}
+        counts: dict[int, dict[str, float]] = {}
+        for step, role, source, verdict, rewards in zip(
+            calls["step"], calls["role"], calls["source_id"], verdicts, calls["rewards"], strict=True
+        ):
+            truth = (rewards or {}).get("judged_correct", accuracy.get(source) if pd.notna(source) else None)
+            if role not in judges or truth is None:
+                continue
+            key = "no_verdict" if pd.isna(verdict) else {
+                (True, True): "tp", (True, False): "fp", (False, False): "tn", (False, True): "fn"
+            }[(verdict == "correct", truth >= 1.0)]  # fmt: skip
+            at = counts.setdefault(int(step), dict.fromkeys(("tp", "fp", "tn", "fn", "no_verdict"), 0.0))
+            at[key] += 1
+        for step, c in sorted(counts.items()):
+            total = sum(c.values())
             wrong = c["tn"] + c["fp"]
-            rows.append({"run": label, "step": int(step), "series": "accuracy",
-                         "value": (c["tp"] + c["tn"]) / total if total else float("nan")})  # fmt: skip
-            rows.append({"run": label, "step": int(step), "series": "recall",
+            rows.append(
+                {"run": label, "step": step, "series": "accuracy", "value": (c["tp"] + c["tn"]) / total}
+            )
+            rows.append({"run": label, "step": step, "series": "recall",
                          "value": c["tn"] / wrong if wrong else float("nan")})  # fmt: skip
     return _concat([pd.DataFrame(rows)], ["run", "step", "series", "value"])
 
@@ -238,6 +282,18 @@ def run_spec(run_dir: Path) -> Any:
     with RunReader(run_dir) as reader:
         stored = reader.config["topology"]
     return from_dict(stored) if isinstance(stored, Mapping) else load(stored)
+
+
+def tools_used(run_dir: Path) -> list[str]:
+    """The tools the run's nodes (of its flow and subflows) could call; a search whose options block every
+    document of the knowledge base (a tool ablation) is not counted."""
+    topology = run_spec(run_dir)
+    flows = [topology.flow, *topology.subflows.values()]
+    named = {
+        tool for flow in flows for node in flow.nodes.values() for tool in getattr(node, "tools", None) or []
+    }
+    blind = {name for name, tool in topology.tools.items() if "kb://" in tool.options.get("blocklist", [])}
+    return sorted(named - blind)
 
 
 def entry_role(run_dir: Path) -> str:
