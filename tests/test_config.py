@@ -34,6 +34,7 @@ task_options: {level: 1, format: plain}
 n_tasks: 256
 eval_tasks: 8
 eval_every: 0
+held_out_by: null
 policies: shared
 policy_per_role: false
 lora_rank: 8
@@ -329,3 +330,17 @@ def test_a_config_a_run_stored_loads(path):
     data = load_yaml(path.read_text())
     config = TrainConfig.from_dict({k: v for k, v in data.items() if k != "kind"})
     _round_trips(config)
+
+
+def test_held_out_by_keeps_every_held_out_entity_out_of_training():
+    from workbench.rl.loop import load_tasks_for
+
+    fields = dict(tasks="multihop", task_options={"hops": 1, "n_entities": 60, "kb_seed": 0}, n_tasks=100)
+    mixed, held = load_tasks_for(TrainConfig(**fields, eval_tasks=20))
+    assert {t.metadata["start"] for t in mixed} & {t.metadata["start"] for t in held}  # shared without it
+    train, held_out = load_tasks_for(TrainConfig(**fields, eval_tasks=20, held_out_by="start"))
+    assert [t.id for t in held_out] == [t.id for t in held] and 0 < len(train) < len(mixed)
+    assert not {t.metadata["start"] for t in train} & {t.metadata["start"] for t in held_out}
+    assert {t.id for t in train} < {t.id for t in mixed}  # the others, kept in their order
+    with pytest.raises(ValueError, match="held_out_by='source': every training task shares its source"):
+        load_tasks_for(TrainConfig(**fields, eval_tasks=20, held_out_by="source"))

@@ -157,6 +157,11 @@ class EvaluationSection:
     eval_every: int = _f(
         0, "Steps between held-out evaluations; 0: only before the first and after the last."
     )
+    held_out_by: str | None = _f(
+        None,
+        "A task metadata key whose values the held-out tasks share with no training task (multihop's `start`: "
+        "the entity a question asks about): training tasks with a held-out value are left out. None: no split.",
+    )
 
 
 @dataclass

@@ -63,7 +63,8 @@ def task_order(n_tasks: int, step: int, batch_size: int, seed: int) -> list[int]
 
 
 def load_tasks_for(config: TrainConfig) -> tuple[list[Any], list[Any]]:
-    """Training tasks and held-out tasks (another seed) as the config names them."""
+    """Training tasks and held-out tasks (another seed) as the config names them; with ``held_out_by``, no
+    training task shares that metadata value with a held-out one."""
     from workbench.tasks import generate, list_generators, load_tasks
 
     if config.tasks in list_generators():
@@ -73,10 +74,20 @@ def load_tasks_for(config: TrainConfig) -> tuple[list[Any], list[Any]]:
             if config.eval_tasks
             else []
         )
-        return train, held_out
-    tasks = load_tasks(config.tasks)
-    n_eval = min(config.eval_tasks, len(tasks) // 2)
-    return tasks[n_eval:], tasks[:n_eval]
+    else:
+        tasks = load_tasks(config.tasks)
+        n_eval = min(config.eval_tasks, len(tasks) // 2)
+        train, held_out = tasks[n_eval:], tasks[:n_eval]
+    if config.held_out_by and held_out:
+        key = config.held_out_by
+        held = {t.metadata.get(key) for t in held_out}
+        train = [t for t in train if t.metadata.get(key) not in held]
+        if not train:
+            raise ValueError(
+                f"held_out_by={key!r}: every training task shares its {key} with a held-out task; "
+                "raise n_tasks or lower eval_tasks"
+            )
+    return train, held_out
 
 
 # ---------------------------------------------------------------------- the run and its set-up
