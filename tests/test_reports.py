@@ -410,6 +410,14 @@ def test_mas_orchestra_figures_come_from_the_orchestrator_run(sample_runs, repro
     ]
     assert over_steps["series"][0]["x"] == sorted(float(x) for x in trained.unique())
 
+    (by_depth,) = _figure(reproduced, "mas_orchestra", "distributions", "degree_by_depth")
+    drawn = series.orchestration({label: run})
+    assert [s["label"] for s in by_depth["series"]] == [
+        f"{label}: depth {v}" for v in sorted(drawn["value"].unique())
+    ]
+    for line, (_, curve) in zip(by_depth["series"], drawn.groupby("value"), strict=True):
+        assert line["y"] == pytest.approx(curve.groupby("step")["degree"].mean().tolist())
+
 
 def test_a_failing_notebook_is_named_and_the_others_still_run(tmp_path):
     reports = tmp_path / "reports" / "hira"
