@@ -16,7 +16,6 @@ from typing import Any
 
 import pandas as pd
 
-from workbench.engine.parsers import VERDICT_PARSERS
 from workbench.store import RunReader
 from workbench.store.layout import DB_NAME
 from workbench.store.summary import is_summary, open_summary
@@ -156,6 +155,9 @@ def verifier_detection(runs: Mapping[str, Path], roles: Sequence[str] | None = N
     positive: recall = errors flagged Wrong / wrong solutions judged = tn / (tn + fp). Accuracy counts a call
     with no verdict as not right, as the verdict reward does. Both are pooled over the verifier roles.
     """
+    from workbench.engine.parsers import VERDICT_PARSERS
+    from workbench.rl.metrics import confusion_cell
+
     rows = []
     for label, run_dir in runs.items():
         with RunReader(run_dir) as reader:
@@ -171,9 +173,7 @@ def verifier_detection(runs: Mapping[str, Path], roles: Sequence[str] | None = N
             truth = (rewards or {}).get("judged_correct", accuracy.get(source) if pd.notna(source) else None)
             if role not in judges or truth is None:
                 continue
-            key = "no_verdict" if pd.isna(verdict) else {
-                (True, True): "tp", (True, False): "fp", (False, False): "tn", (False, True): "fn"
-            }[(verdict == "correct", truth >= 1.0)]  # fmt: skip
+            key = "no_verdict" if pd.isna(verdict) else confusion_cell(verdict, truth >= 1.0)
             at = counts.setdefault(int(step), dict.fromkeys(("tp", "fp", "tn", "fn", "no_verdict"), 0.0))
             at[key] += 1
         for step, c in sorted(counts.items()):

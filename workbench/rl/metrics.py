@@ -63,8 +63,7 @@ def rollout_metrics(
                 if verdict is None:  # no verdict is not a "Wrong": counted apart
                     bucket["verifier/no_verdict"].append(1.0)
                 else:
-                    key = {(True, True): "tp", (True, False): "fp", (False, False): "tn", (False, True): "fn"}
-                    bucket[f"verifier/{key[(verdict == 'correct', was_correct)]}"].append(1.0)
+                    bucket[f"verifier/{confusion_cell(verdict, was_correct)}"].append(1.0)
     if lengths:
         overall.update(
             {
@@ -142,3 +141,9 @@ def learning_metrics(
 
 def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else 0.0
+
+
+def confusion_cell(verdict: str, was_correct: bool) -> str:
+    """A Verifier's verdict against the truth, "the solution is correct" counting as positive: tp, fp, tn or fn."""
+    said_correct = verdict == "correct"
+    return ("t" if said_correct == was_correct else "f") + ("p" if said_correct else "n")
