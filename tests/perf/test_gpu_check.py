@@ -90,6 +90,9 @@ def test_a_whole_training_step_reports_its_phases_under_both_schedulers(rehearsa
 def test_trl_and_decode_steps(rehearsal):
     trainer = rehearsal["trainer"]
     assert trainer["dtype"] == "bfloat16" and trainer["workbench_step_s"] > 0 and trainer["trl_step_s"] > 0
+    assert trainer["ratio"] == pytest.approx(trainer["workbench_step_s"] / trainer["trl_step_s"], rel=0.05)
+    assert trainer["padded_tokens_trl"] >= trainer["tokens"], "TRL pads; the workbench packs"
     engine = rehearsal["engine"]["backends"]["hf"]
-    assert engine["same_token_counts"] and engine["engine_tokens"] > 0 and engine["warmup_s"] > 0
+    assert engine["same_token_counts"] and engine["engine_tokens"] == engine["raw_tokens"] > 0
+    assert engine["warmup_s"] > 0 and engine["calls"] >= 2 * engine["episodes"]  # a multi-role topology
     assert engine["profile"]["decode"] == "static" and engine["profile"]["tokens_per_s"] > 0

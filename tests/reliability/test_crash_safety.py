@@ -35,7 +35,7 @@ from workbench.store import RunStore, StoreError
 from workbench.training import BackgroundRun, run_config
 
 STEPS, BATCH, GROUP, CHECKPOINT_EVERY, KEEP = 8, 2, 2, 2, 2
-RUNS, KILLS_PER_RUN = 4, 5  # 20 kills of a training process
+RUNS, KILLS_PER_RUN = 3, 5  # 15 kills of a training process
 ROLLOUT_KILLS = 5
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 SETTINGS = {
