@@ -290,7 +290,11 @@ def make_run(
             model = _trained_model(run, Path(runs_dir), folder)
         return _rollout(run, folder, fields, model, log)
     if existing is None:
-        config = TrainConfig(topology=run.topology, model=model, runs_dir=str(folder), **fields)
+        # one checkpoint a run (1.5 GB for SmolLM2-135M with its optimizer state): enough to resume, and the
+        # plan's training runs would hold 20 GB with two each
+        config = TrainConfig(
+            topology=run.topology, model=model, runs_dir=str(folder), **{"keep_checkpoints": 1, **fields}
+        )
         existing = create(config)
         if run.changes:  # the variant's spec, saved beside the run (training and the reports read it there)
             (existing / TOPOLOGY_FILE).write_text(to_yaml(_topology(run)))
