@@ -65,7 +65,7 @@ def test_an_interrupted_run_resumes_a_finished_one_is_kept_and_the_variant_chang
             assert reader.info()["status"] == "finished"
             assert reader.steps()["step"].tolist() == [0, 1, 2, 3]  # each once; 3: the final held-out scores
             assert sorted(reader.episodes()["step"].unique()) == [0, 1, 2]
-            assert reader.config["keep_checkpoints"] == 1  # 1.5 GB each at 135M: one a run is enough to resume
+            assert reader.config["keep_checkpoints"] == 1  # 1.5 GB each at 135M: one is enough to resume
         assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step-000002"]
 
     lines.clear()
