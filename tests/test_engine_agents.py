@@ -56,6 +56,38 @@ def test_mars_routes_search_through_system1_and_passes_python_straight_back(toke
     assert any(url in call.prompt_text for call in system1 for url in supporting)
 
 
+def test_a_rollout_makes_every_tool_of_its_tasks_before_the_first_generation(tokenizer, monkeypatch):
+    """Made on an episode's first call, a tool's thread hop let the hf backend's micro-batcher close a batch
+    before some episodes' next requests came, a different batch each run: a seeded training run with tools
+    drew other tokens every time. Made before the episodes start, nothing waits on a thread mid-rollout."""
+    import workbench.tools
+
+    events = []
+    make_tool = workbench.tools.make_tool
+
+    def recording(kind, **options):
+        events.append(("made", kind, options.get("kb_seed")))
+        return make_tool(kind, **options)
+
+    class Recording(ScriptedBackend):
+        async def generate(self, request):
+            events.append(("generate",))
+            return await super().generate(request)
+
+    monkeypatch.setattr(workbench.tools, "make_tool", recording)
+    tasks = [wb.generate_tasks("multihop", n=1, seed=seed, hops=1)[0] for seed in (5, 6)]
+    engine = Rollout(wb.load_topology("mars"), Recording(tokenizer, mars_script(tasks[0])))
+    episodes = asyncio.run(engine.run(tasks, group_size=2))
+    assert [e.status for e in episodes] == ["complete"] * 4
+    first = events.index(("generate",))
+    # search and scholar over each task's own knowledge base, and the python tool: all before any generation
+    assert sorted(events[:first], key=str) == sorted(
+        [("made", "bm25", kb) for kb in (5, 6) for _ in ("search", "scholar")] + [("made", "python", None)],
+        key=str,
+    )
+    assert all(event == ("generate",) for event in events[first:])
+
+
 def test_mars_cpu_continues_a_prefilled_transcript_and_routes_one_document_through_system1(tokenizer, task):
     entity = task.metadata["start"]
 

@@ -274,6 +274,9 @@ class Rollout:
         ``on_level`` after each level of a grouped rollout (see ``grouped``).
         """
 
+        tasks = list(tasks)
+        await self._make_tools(tasks)
+
         async def one(task: Task, sample: int) -> EpisodeRecord:
             record = await self.episode(task, sample)
             if progress is not None:
@@ -653,7 +656,10 @@ class Rollout:
             return _truncate(answer, spec.truncate), info
         from workbench.tools import run_tool
 
-        tool = await asyncio.to_thread(self._tool, call.name, variables.get("task"))
+        key = self._tool_key(call.name, variables.get("task"))
+        tool = self._tools.get(key[0])  # made before the rollout (``_make_tools``): no thread hop, see there
+        if tool is None:  # an episode started on its own (``episode``, ``grouped``)
+            tool = await asyncio.to_thread(self._tool, key)
         result = await run_tool(tool, call.arguments, timeout=spec.timeout)
         info = {"name": call.name, **result.summary()}  # with timed_out, exit_code, killed when set
         if not result.ok:
@@ -678,21 +684,52 @@ class Rollout:
         info = {**info, "via": spec.route.via, "bins": len(distilled), "documents": documents}
         return _truncate("\n\n".join(distilled), spec.truncate), info
 
-    def _tool(self, name: str, task: dict[str, Any] | None) -> Any:
-        """The tool instance for ``name``; a corpus-less search tool searches the task's own corpus."""
+    def _tool_key(self, name: str, task: dict[str, Any] | None) -> tuple[tuple, dict[str, Any]]:
+        """The key of ``name``'s tool instance for ``task`` and the options that make it; a corpus-less search
+        tool searches the task's own corpus."""
         spec = self.topology.tools[name]
         options = dict(spec.options)
         meta = (task or {}).get("metadata", {})
         uses_task_corpus = spec.kind == "bm25" and not {"corpus", "kb_seed", "n_entities"} & set(options)
         if uses_task_corpus and "kb_seed" in meta:
             options.update(kb_seed=meta["kb_seed"], n_entities=meta.get("n_entities", 60))
-        key = (name, options.get("kb_seed"), options.get("n_entities"))
+        return (name, options.get("kb_seed"), options.get("n_entities")), options
+
+    async def _make_tools(self, tasks: list[Task]) -> None:
+        """Make every tool the episodes of ``tasks`` may call before the first episode starts, on a thread (a
+        corpus index can take seconds).
+
+        Made on first use instead, a tool's thread hop let the hf backend's micro-batcher close a batch before
+        some episodes' next requests arrived, a different batch in each run: the same seed then drew other
+        tokens and a training run with tools did not repeat itself. A tool that cannot be made is left to the
+        episode that calls it, which records the error as before."""
+        keys = {}
+        for task in tasks:
+            for name, spec in self.topology.tools.items():
+                key = self._tool_key(name, task.to_dict())
+                if spec.kind != "agent" and key[0] not in self._tools:
+                    keys.setdefault(key[0], key)
+        if keys:
+            await asyncio.to_thread(self._make_each, list(keys.values()))
+
+    def _make_each(self, keys: list[tuple[tuple, dict[str, Any]]]) -> None:
+        for key in keys:
+            try:
+                self._tool(key)
+            except Exception:  # noqa: BLE001, S112 - raised again, and recorded, where an episode calls it
+                continue
+
+    def _tool(self, key: tuple[tuple, dict[str, Any]]) -> Any:
+        """The tool instance under ``key`` (``_tool_key``), made on first use (building a corpus index can
+        take seconds: the caller runs this on a thread)."""
+        (name, *_), options = key
         with self._tool_lock:
-            if key not in self._tools:
+            if key[0] not in self._tools:
                 from workbench.tools import make_tool
 
-                self._tools[key] = self._tools.get(name) or make_tool(spec.kind, **options)
-            return self._tools[key]
+                kind = self.topology.tools[name].kind
+                self._tools[key[0]] = self._tools.get(name) or make_tool(kind, **options)
+            return self._tools[key[0]]
 
     async def _distil(
         self, spec: Any, documents: list[str], call: ToolCall, variables: dict, state: _Episode, parent: int
