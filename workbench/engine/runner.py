@@ -656,10 +656,10 @@ class Rollout:
             return _truncate(answer, spec.truncate), info
         from workbench.tools import run_tool
 
-        key = self._tool_key(call.name, variables.get("task"))
-        tool = self._tools.get(key[0])  # made before the rollout (``_make_tools``): no thread hop, see there
+        key, options = self._tool_key(call.name, variables.get("task"))
+        tool = self._tools.get(key)  # made before the rollout (``_make_tools``): no thread hop, see there
         if tool is None:  # an episode started on its own (``episode``, ``grouped``)
-            tool = await asyncio.to_thread(self._tool, key)
+            tool = await asyncio.to_thread(self._tool, key, options)
         result = await run_tool(tool, call.arguments, timeout=spec.timeout)
         info = {"name": call.name, **result.summary()}  # with timed_out, exit_code, killed when set
         if not result.ok:
@@ -685,8 +685,8 @@ class Rollout:
         return _truncate("\n\n".join(distilled), spec.truncate), info
 
     def _tool_key(self, name: str, task: dict[str, Any] | None) -> tuple[tuple, dict[str, Any]]:
-        """The key of ``name``'s tool instance for ``task`` and the options that make it; a corpus-less search
-        tool searches the task's own corpus."""
+        """The cache key of ``name``'s tool instance for ``task``, and the options that make it; a corpus-less
+        search tool searches the task's own corpus."""
         spec = self.topology.tools[name]
         options = dict(spec.options)
         meta = (task or {}).get("metadata", {})
@@ -703,33 +703,34 @@ class Rollout:
         some episodes' next requests arrived, a different batch in each run: the same seed then drew other
         tokens and a training run with tools did not repeat itself. A tool that cannot be made is left to the
         episode that calls it, which records the error as before."""
-        keys = {}
+        missing: dict[tuple, dict[str, Any]] = {}
         for task in tasks:
+            as_dict = task.to_dict()
             for name, spec in self.topology.tools.items():
-                key = self._tool_key(name, task.to_dict())
-                if spec.kind != "agent" and key[0] not in self._tools:
-                    keys.setdefault(key[0], key)
-        if keys:
-            await asyncio.to_thread(self._make_each, list(keys.values()))
+                key, options = self._tool_key(name, as_dict)
+                if spec.kind != "agent" and key not in self._tools:
+                    missing.setdefault(key, options)
+        if missing:
+            await asyncio.to_thread(self._make_each, missing)
 
-    def _make_each(self, keys: list[tuple[tuple, dict[str, Any]]]) -> None:
-        for key in keys:
+    def _make_each(self, missing: dict[tuple, dict[str, Any]]) -> None:
+        for key, options in missing.items():
             try:
-                self._tool(key)
+                self._tool(key, options)
             except Exception:  # noqa: BLE001, S112 - raised again, and recorded, where an episode calls it
                 continue
 
-    def _tool(self, key: tuple[tuple, dict[str, Any]]) -> Any:
-        """The tool instance under ``key`` (``_tool_key``), made on first use (building a corpus index can
-        take seconds: the caller runs this on a thread)."""
-        (name, *_), options = key
+    def _tool(self, key: tuple, options: dict[str, Any]) -> Any:
+        """The tool instance under ``key`` (``_tool_key``), made from ``options`` on first use (building a
+        corpus index can take seconds: the caller runs this on a thread)."""
+        name = key[0]
         with self._tool_lock:
-            if key[0] not in self._tools:
+            if key not in self._tools:
                 from workbench.tools import make_tool
 
                 kind = self.topology.tools[name].kind
-                self._tools[key[0]] = self._tools.get(name) or make_tool(kind, **options)
-            return self._tools[key[0]]
+                self._tools[key] = self._tools.get(name) or make_tool(kind, **options)
+            return self._tools[key]
 
     async def _distil(
         self, spec: Any, documents: list[str], call: ToolCall, variables: dict, state: _Episode, parent: int
