@@ -254,15 +254,16 @@ def _reproduce(args: argparse.Namespace) -> int:
     return summarise(results, args.out)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="workbench", description=DESCRIPTION)
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_models_command(sub: argparse._SubParsersAction) -> None:
+    """The ``models`` subcommand."""
     p = sub.add_parser("models", help="list or prepare local models")
     p.add_argument("action", choices=["list", "prepare"])
     p.add_argument("name", nargs="?", default="smollm2-135m")
     p.set_defaults(func=_models)
 
+
+def _add_topology_command(sub: argparse._SubParsersAction) -> None:
+    """The ``topology`` subcommand."""
     p = sub.add_parser("topology", help="list, show, validate or draw topologies, or print their JSON Schema")
     p.add_argument("action", choices=["list", "show", "validate", "schema", "diagram"])
     p.add_argument("source", nargs="?", default="marsrl", help="built-in name or YAML/JSON file")
@@ -286,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_topology)
 
+
+def _add_tasks_command(sub: argparse._SubParsersAction) -> None:
+    """The ``tasks`` subcommand."""
     p = sub.add_parser("tasks", help="list task generators or generate tasks")
     p.add_argument("action", choices=["list", "generate"])
     p.add_argument("name", nargs="?", default="arithmetic")
@@ -294,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="JSONL file to write (default: print)")
     p.set_defaults(func=_tasks)
 
+
+def _add_rollout_command(sub: argparse._SubParsersAction) -> None:
+    """The ``rollout`` subcommand."""
     p = sub.add_parser("rollout", help="run a topology over tasks and store the calls")
     p.add_argument("topology", help="built-in name or YAML/JSON file")
     p.add_argument("--tasks", default="arithmetic", help="generator name or a JSONL/Parquet file")
@@ -306,6 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_rollout)
 
+
+def _add_train_command(sub: argparse._SubParsersAction) -> None:
+    """The ``train`` subcommand."""
     p = sub.add_parser("train", help="train a topology (GRPO) from a config file, or resume a run")
     p.add_argument("config", nargs="?", help="training config YAML (see: workbench train --help-config)")
     p.add_argument(
@@ -321,22 +331,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_train)
 
+
+def _add_export_command(sub: argparse._SubParsersAction) -> None:
+    """The ``export`` subcommand."""
     p = sub.add_parser("export", help="write a run's trained model as a transformers checkpoint directory")
     p.add_argument("run_dir", help="the training run (its newest checkpoint is exported)")
     p.add_argument("out", help="directory to write (config, safetensors weights, tokenizer)")
     p.add_argument("--policy", help="which policy, for runs with several (default: the first)")
     p.set_defaults(func=_export)
 
+
+def _add_runs_command(sub: argparse._SubParsersAction) -> None:
+    """The ``runs`` subcommand."""
     p = sub.add_parser("runs", help="list the runs in a directory")
     p.add_argument("runs_dir", nargs="?", default="runs")
     p.set_defaults(func=_runs)
 
+
+def _add_migrate_command(sub: argparse._SubParsersAction) -> None:
+    """The ``migrate`` subcommand."""
     p = sub.add_parser("migrate", help="bring older runs up to this workbench's store schema")
     p.add_argument(
         "paths", nargs="*", default=["runs"], help="runs directories or run directories (default: runs)"
     )
     p.set_defaults(func=_migrate)
 
+
+def _add_serve_command(sub: argparse._SubParsersAction) -> None:
+    """The ``serve`` subcommand."""
     p = sub.add_parser("serve", help="serve the team dashboard over a runs directory (Panel)")
     p.add_argument("runs_dir", nargs="?", default="runs")
     p.add_argument(
@@ -358,6 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_serve)
 
+
+def _add_users_command(sub: argparse._SubParsersAction) -> None:
+    """The ``users`` subcommand."""
     p = sub.add_parser("users", help="add a dashboard user to a users file")
     p.add_argument("action", choices=["add"])
     p.add_argument("file")
@@ -365,6 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--role", choices=["viewer", "operator"], default="viewer")
     p.set_defaults(func=_users)
 
+
+def _add_reproduce_command(sub: argparse._SubParsersAction) -> None:
+    """The ``reproduce`` subcommand."""
     p = sub.add_parser("reproduce", help="regenerate the papers' figures and tables from runs (papermill)")
     p.add_argument("paper", help="all, or one of: mars, marsrl, matpo, hira, mas_orchestra")
     p.add_argument(
@@ -395,6 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_reproduce)
 
+
+def _add_demo_command(sub: argparse._SubParsersAction) -> None:
+    """The ``demo`` subcommand."""
     p = sub.add_parser(
         "demo", help="the main job: MarsRL's Solver and Verifier on the local model: roll out, train, figures"
     )
@@ -406,6 +437,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--learning-rate", type=float, default=3e-5)
     p.add_argument("--out", default="reports-out", help="where the regenerated MarsRL figures go")
     p.set_defaults(func=_demo)
+
+
+#: Each subcommand's parser, in the order ``workbench --help`` lists them.
+SUBCOMMANDS = (
+    _add_models_command,
+    _add_topology_command,
+    _add_tasks_command,
+    _add_rollout_command,
+    _add_train_command,
+    _add_export_command,
+    _add_runs_command,
+    _add_migrate_command,
+    _add_serve_command,
+    _add_users_command,
+    _add_reproduce_command,
+    _add_demo_command,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``workbench`` command's parser: one subcommand a function above."""
+    parser = argparse.ArgumentParser(prog="workbench", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in SUBCOMMANDS:
+        add(sub)
     return parser
 
 
