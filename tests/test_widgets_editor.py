@@ -11,6 +11,7 @@ import pytest
 from widgets import topology_canvas as canvas
 from widgets import topology_forms as forms
 from widgets import topology_layout as layout
+from widgets import topology_spec_edits as edits
 from widgets.topology_editor import ERROR_STYLE, TopologyEditor
 from workbench.store import RunStore
 from workbench.topology import from_yaml, load, to_dict
@@ -36,7 +37,7 @@ def _boxes(nodes: list[dict]) -> dict[str, tuple]:
 def test_every_builtin_topology_round_trips_through_the_canvas_and_is_laid_out_without_overlaps(name):
     spec = to_dict(load(name))
     nodes, edges = canvas.to_graph(spec)
-    assert canvas.apply_graph(spec, nodes, edges) == spec
+    assert edits.apply_graph(spec, nodes, edges) == spec
     ids = {n["id"] for n in nodes}
     assert {f"role:{r}" for r in spec["roles"]} <= ids and f"step:{spec['flow']['start']}" in ids
     assert {f"flow:{f}" for f in spec["subflows"]} <= ids and "policy:base" in ids
@@ -134,6 +135,10 @@ def test_canvas_edits_change_the_spec_and_errors_land_on_their_node():
     assert editor.topology is before, "the last valid topology is kept"
     assert "wb-problems" in editor._banner.object
     editor.load("marsrl")
+    assert editor.problems == [] and editor._banner.object == "", "the banner follows the problems"
+    editor.problems = [("flow.start", "set from code")]
+    assert "set from code" in editor._banner.object
+    editor.load("marsrl")
     editor.remove("step:correct2")  # its incoming branch goes too: verify2 now always ends
     editor.connect("step:verify2", "step:end")
     assert editor.problems == [] and "correct2" not in editor.topology.flow.nodes
@@ -183,7 +188,7 @@ def test_edges_of_every_kind_set_the_fields_they_stand_for():
     mas = TopologyEditor("mas_orchestra")
     runs = next(e for e in mas.flow.edges if e["data"].get("agent") == "SCAgent")
     mas.inspect_edge(runs["id"])
-    mas._rename_agent("step:execute", "SCAgent", "VoteAgent", "flow:sc")
+    mas._inspector_view._rename_agent("step:execute", "SCAgent", "VoteAgent", "flow:sc")
     assert mas.spec["flow"]["nodes"]["execute"]["agents"]["VoteAgent"] == "sc"
     assert mas.inspected == ("edge", ("runs", "step:execute", "flow:sc", "VoteAgent"))
     mas.remove("flow:debate")  # a group goes with its steps; the dag still names it: flagged
@@ -527,7 +532,7 @@ def test_a_runs_signals_colour_the_canvas_and_follow_the_step_and_measure(tmp_pa
     branch = edges["next:step:verify1->step:correct1:verdict != 'correct'"]
     assert branch["label"] == "verdict != 'correct' · taken 75% · fixed 33% · broke 0%"
     assert edges["next:step:verify1->step:end:"]["label"] == "taken 25%"
-    assert "calls: 3" in branch["domAttributes"]["title"]
+    assert "calls: 3" in branch["domAttributes"]["data-title"]
     assert editor._signals_bar.visible and editor._signal_step.options == [0, 1]
     editor._signal_step.value = 0  # the slider: the Solver's reward was 0.2 then
     nodes, _ = _canvas(editor)
@@ -558,7 +563,7 @@ def test_edits_keep_working_under_signals_which_never_reach_the_spec_and_clear_a
     plain_nodes, plain_edges = editor.flow.nodes, editor.flow.edges
     editor.show_signals(run_dir, step=1)
     nodes, edges = list(editor.flow.nodes), list(editor.flow.edges)
-    assert canvas.apply_graph(editor.spec, nodes, edges) == editor.spec == to_dict(load("marsrl"))
+    assert edits.apply_graph(editor.spec, nodes, edges) == editor.spec == to_dict(load("marsrl"))
     editor.flow.nodes = [n for n in nodes if n["id"] != "role:verifier2"]  # a delete on the canvas
     assert "verifier2" not in editor.spec["roles"] and editor.problems
     after, _ = _canvas(editor)
@@ -571,3 +576,34 @@ def test_edits_keep_working_under_signals_which_never_reach_the_spec_and_clear_a
     editor.clear_signals()
     assert editor.signals is None and not editor._signals_bar.visible
     assert editor.flow.nodes == plain_nodes and editor.flow.edges == plain_edges
+
+
+def test_the_exported_notebook_of_a_topology_built_from_new_runs_under_papermill(tmp_path):
+    """ "Export notebook": a topology built from "New" becomes a parameterised notebook that loads the spec,
+    rolls it out, trains it and opens its monitor, and runs as exported on the tiny model."""
+    import json
+
+    import papermill
+
+    editor = TopologyEditor()
+    editor.new("solo")
+    editor.update_entry(editor.drop("role", (300, 300)), {}, name="solver")
+    editor.update_entry(editor.drop("call", (100, 100)), {}, name="solve")
+    editor.connect("step:solve", "role:solver")
+    editor.update_settings({"answer": "{{ solve }}"})
+    assert editor.problems == [], editor.problems
+    path = editor.export_notebook(tmp_path / "solo.ipynb")
+    cells = json.loads(path.read_text())["cells"]
+    parameters = next(c for c in cells if "parameters" in c["metadata"].get("tags", []))
+    assert all(f"{name} = " in parameters["source"] for name in ("model", "tasks", "steps"))
+    done = papermill.execute_notebook(
+        str(path), str(tmp_path / "out.ipynb"), cwd=str(tmp_path), progress_bar=False, kernel_name="python3",
+        parameters={"model": "tiny", "steps": 1, "n_tasks": 1, "batch_size": 1, "group_size": 2, "max_tokens": 8,
+                    "runs_dir": str(tmp_path / "runs")},
+    )  # fmt: skip
+    printed = "".join(o.get("text", "") for c in done["cells"] for o in c.get("outputs", []))
+    assert "finished" in printed and "solo | solver" in printed
+    assert any("RewardMonitor" in c["source"] for c in done["cells"])
+    editor.update_entry("step:solve", {"call": ""})
+    with pytest.raises(ValueError, match="problem"):
+        editor.export_notebook(tmp_path / "broken.ipynb")

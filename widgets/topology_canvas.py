@@ -19,10 +19,8 @@ Edges (class ``wb-edge wb-edge-<kind>``, each kind its own colour and dash, all 
   agent's name, labels it);
 - ``plays``: role → its policy.
 
-``apply_graph`` turns a changed graph back into the spec by difference with the spec's own graph: a removed
-node removes its entry, a removed or added edge clears or sets the field it stands for, and everything the
-canvas does not show is kept; validation then says what broke (``node_of`` maps a problem's path to its node).
-Node names must not contain ``:`` (the editor refuses them).
+The edits that turn a changed graph back into the spec are in ``widgets.topology_spec_edits``; ``node_of`` maps a
+validation problem's path to its node.
 
 ``with_signals`` colours a graph by a run's signals (``workbench.topology.diagram.Signals``) for display:
 a role node, and each step that runs the role, filled on the diagram's red-to-green scale with the
@@ -34,7 +32,6 @@ styles and titles change, none of which ``apply_graph`` reads: the signals never
 from __future__ import annotations
 
 import copy
-from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -100,6 +97,15 @@ def flows_of(spec: dict) -> dict[str, dict]:
     return {MAIN: spec.get("flow") or {}, **(spec.get("subflows") or {})}
 
 
+def section(spec: dict, kind: str, flow: str = MAIN) -> dict:
+    """The part of ``spec`` holding entries of ``kind`` (a flow's steps for ``step``), made if missing."""
+    if kind == "step":
+        return flows_of(spec)[flow].setdefault("nodes", {})
+    return spec.setdefault(
+        {"role": "roles", "tool": "tools", "policy": "policies", "flow": "subflows"}[kind], {}
+    )
+
+
 def step_kind(step: dict) -> str:
     return next((k for k in ("agent", "map", "dag") if k in step), "call")
 
@@ -108,7 +114,8 @@ def role_of(step: dict) -> str | None:
     return next((step[f] for f in ROLE_FIELDS if f in step), None)
 
 
-def _branches(step: dict) -> list[dict]:
+def branches_of(step: dict) -> list[dict]:
+    """A step's branches (a step without any ends)."""
     branches = step.get("next")
     return branches if isinstance(branches, list) else [{"goto": END}]
 
@@ -116,7 +123,7 @@ def _branches(step: dict) -> list[dict]:
 def drawn_kind(step: dict, routers: Iterable[str] = (), identifier: str = "") -> str:
     """How a step is drawn: its kind, or ``router`` for a call step that branches (or was placed as one)."""
     kind = step_kind(step)
-    if kind == "call" and (len(_branches(step)) > 1 or identifier in set(routers)):
+    if kind == "call" and (len(branches_of(step)) > 1 or identifier in set(routers)):
         return "router"
     return kind
 
@@ -155,7 +162,7 @@ def graph(spec: dict, routers: Iterable[str] = ()) -> tuple[list[dict], list[dic
                 for agent, subflow in (step.get("agents") or {}).items():
                     if subflow in (spec.get("subflows") or {}):
                         edges.append(_edge("runs", sid, node_id("flow", subflow), agent=agent))
-            branches = _branches(step)
+            branches = branches_of(step)
             for order, branch in enumerate(branches):
                 target = branch.get("goto", END)
                 if target != END and target not in steps:
@@ -185,6 +192,10 @@ def graph(spec: dict, routers: Iterable[str] = ()) -> tuple[list[dict], list[dic
         model = (policy or {}).get("model") or "base model"
         caption = f"policy · {model}" + (" + LoRA" if (policy or {}).get("adapter") else "")
         nodes.append(_node(node_id("policy", name), "policy", name, caption))
+    _spread_parallel(nodes, edges)
+    edges.sort(
+        key=lambda e: bool(e.get("label"))
+    )  # labelled edges drawn last, over the others: a label selects its edge
     canvas = layout.Canvas(
         flows=parts,
         roles=[node_id("role", r) for r in roles],
@@ -208,6 +219,25 @@ def to_graph(
 
 def sizes_of(nodes: list[dict]) -> dict[str, tuple[float, float]]:
     return {n["id"]: layout.size_of(_size_kind(n)) for n in nodes if n["data"]["kind"] != "subflow"}
+
+
+def absolute_boxes(nodes: list[dict]) -> dict[str, layout.Box]:
+    """Each positioned canvas node's box on the canvas (a subflow's steps moved by their group's position)."""
+    by_id = {n["id"]: n for n in nodes}
+    sizes = sizes_of(nodes)
+    boxes = {}
+    for identifier, node in by_id.items():
+        x, y = node["position"]["x"], node["position"]["y"]
+        parent = by_id.get(node.get("parentId"))
+        if parent is not None:
+            x, y = x + parent["position"]["x"], y + parent["position"]["y"]
+        style = node.get("style") or {}
+        boxes[identifier] = (
+            x,
+            y,
+            *(sizes.get(identifier) or (style.get("width", 0), style.get("height", 0))),
+        )
+    return boxes
 
 
 def _size_kind(node: dict) -> str:
@@ -291,7 +321,8 @@ def _route(edge: dict, boxes: dict[str, layout.Box]) -> tuple[layout.Point, layo
         return None
     sx, sy, sw, sh = boxes[edge["source"]]
     tx, ty, tw, th = boxes[edge["target"]]
-    start, end = (sx + sw, sy + sh / 2), (tx, ty + th / 2)
+    start = (sx + sw, sy + sh * LANES.get(edge.get("sourceHandle"), 0.5))
+    end = (tx, ty + th * LANES.get(edge.get("targetHandle"), 0.5))
     edge.pop("type", None)
     edge.pop("pathOptions", None)
     middle = ((start[0] + end[0]) / 2, (start[1] + end[1]) / 2)
@@ -306,9 +337,10 @@ def _route(edge: dict, boxes: dict[str, layout.Box]) -> tuple[layout.Point, layo
     if not (backwards or skips):
         return middle, middle
     step = 0.0 if skips else 0.5
+    offset = STEP_OFFSET * (1 + list(LANES).index(edge.get("sourceHandle", "middle")) / 2)  # parallel: apart
     edge["type"] = "smoothstep"
-    edge["pathOptions"] = {"offset": STEP_OFFSET, "borderRadius": 8, "stepPosition": step}
-    gapped_start, gapped_end = start[0] + STEP_OFFSET, end[0] - STEP_OFFSET
+    edge["pathOptions"] = {"offset": offset, "borderRadius": 8, "stepPosition": step}
+    gapped_start, gapped_end = start[0] + offset, end[0] - offset
     anchor = (gapped_start + (gapped_end - gapped_start) * step, middle[1])
     if skips:  # on the lane it runs along, before its target
         return anchor, (
@@ -366,12 +398,51 @@ def _node(
     return node
 
 
-#: Node types (see ``NODE_TYPES``): an end, a policy and a group take edges but start none.
-_TYPES = {"end": "wb_sink", "policy": "wb_sink", "subflow": "wb_group"}
+#: Node types (see ``NODE_TYPES``): an end, a policy and a group take edges but start none; a router has three
+#: handles for its branches (two branches to one step are drawn from two of them).
+_TYPES = {"end": "wb_sink", "policy": "wb_sink", "subflow": "wb_group", "router": "wb_fan_out"}
+#: A node's handles where parallel branches leave or arrive, at a quarter, half and three quarters of its side.
+LANES = {"upper": 0.25, "middle": 0.5, "lower": 0.75}
+_LANES = list(LANES)
 NODE_TYPES = {
     "wb_sink": {"type": "wb_sink", "label": "sink", "outputs": []},
     "wb_group": {"type": "wb_group", "label": "subflow", "outputs": []},
+    "wb_fan_out": {"type": "wb_fan_out", "label": "step", "outputs": _LANES},
+    "wb_fan_in": {"type": "wb_fan_in", "label": "step", "inputs": _LANES},
+    "wb_fan_both": {"type": "wb_fan_both", "label": "step", "inputs": _LANES, "outputs": _LANES},
+    "wb_sink_fan_in": {"type": "wb_sink_fan_in", "label": "end", "inputs": _LANES, "outputs": []},
 }
+
+
+def _spread_parallel(nodes: list[dict], edges: list[dict]) -> None:
+    """Draw branches between the same two steps apart: each leaves and arrives at a handle of its own (the
+    upper and lower ones for two), so their curves and labels never lie on one line; the nodes they join get
+    the three handles (other edges there use the middle one, as every edge of a router does)."""
+    pairs: dict[tuple[str, str], list[dict]] = {}
+    for edge in edges:
+        if edge["data"]["kind"] == "next" and edge["source"] != edge["target"]:
+            pairs.setdefault((edge["source"], edge["target"]), []).append(edge)
+    fan_out = {n["id"] for n in nodes if n["type"] == "wb_fan_out"}  # routers
+    fan_in: set[str] = set()
+    for (source, target), group in pairs.items():
+        if len(group) < 2:
+            continue
+        fan_out.add(source)
+        fan_in.add(target)
+        lanes = ["upper", "lower"] if len(group) == 2 else [_LANES[i % 3] for i in range(len(group))]
+        for edge, lane in zip(group, lanes, strict=True):
+            edge["sourceHandle"] = edge["targetHandle"] = lane
+    for edge in edges:
+        if edge["source"] in fan_out:
+            edge.setdefault("sourceHandle", "middle")
+        if edge["target"] in fan_in:
+            edge.setdefault("targetHandle", "middle")
+    for node in nodes:
+        out, into = node["id"] in fan_out, node["id"] in fan_in
+        if node["type"] == "wb_sink" and into:
+            node["type"] = "wb_sink_fan_in"
+        elif node["type"] in ("panel", "wb_fan_out") and (out or into):
+            node["type"] = "wb_fan_both" if out and into else "wb_fan_out" if out else "wb_fan_in"
 
 
 def _group(name: str, flow: dict, spec: dict) -> dict:
@@ -415,13 +486,14 @@ def _edge(
         style["strokeDasharray"] = dash
     edge = {"id": identifier, "source": source, "target": target, "label": label, "data": data,
             "markerEnd": {"type": "arrowclosed", "color": colour, "width": 18, "height": 18},
-            "style": style, "className": f"wb-edge wb-edge-{kind}" + (" wb-loop" if source == target else "")}  # fmt: skip
+            "style": style, "className": f"wb-edge wb-edge-{kind}" + (" wb-loop" if source == target else ""),
+            "interactionWidth": 12}  # fmt: skip
     if label:
         edge["labelStyle"] = {"fontFamily": "'DejaVu Sans Mono', monospace", "fontSize": "11px"}
         edge["labelBgStyle"] = {"fill": "#ffffff", "fillOpacity": 0.92}
         edge["labelBgPadding"] = [layout.LABEL_PAD, layout.LABEL_PAD / 2]
-    if when:
-        edge["domAttributes"] = {"title": f"when {when}"}
+    if when:  # the whole condition on hover (a long label is cut short)
+        edge["domAttributes"] = {"data-title": f"branch {order + 1} of {of}: when {when}"}
     return edge
 
 
@@ -499,278 +571,7 @@ def _measured_edge(edge: dict, source: str, target: str, measured: dict[str, flo
         when = edge["data"].get("when")
         edge["label"] = " · ".join([when, *shares] if when else shares)
         edge.setdefault("labelStyle", {"fontSize": "11px"})
-    edge["domAttributes"] = {"title": f"{source} → {target}\n{measures_text(measured)}"}
-
-
-# ---------------------------------------------------------------------------------------------------- edits
-def _key(edge: dict, spec: dict) -> tuple | None:
-    data = edge.get("data") or {}
-    kind = data.get("kind") or edge_kind(edge["source"], edge["target"], spec)
-    if kind is None:
-        return None
-    extra = data.get("when") if kind == "next" else data.get("agent") if kind == "runs" else None
-    return (kind, edge["source"], edge["target"], extra)
-
-
-def apply_graph(spec: dict, nodes: list[dict], edges: list[dict]) -> dict:
-    """``spec`` changed to match the canvas: the entries of removed nodes dropped, each removed or added edge
-    turned into the field it stands for (compared with ``spec``'s own graph, so what the canvas cannot show
-    is kept as it is)."""
-    out = copy.deepcopy(spec)
-    old_nodes, old_edges, _ = graph(spec)
-    present = {n["id"] for n in nodes}
-    for node in old_nodes:
-        if node["id"] not in present:
-            _remove_node(out, node["id"])
-    old = Counter(k for k in (_key(e, spec) for e in old_edges) if k is not None)
-    new = Counter(k for k in (_key(e, spec) for e in edges) if k is not None)
-    for key in old - new:
-        if {key[1], key[2]} <= present:
-            _remove_edge(out, key)
-    for key in new - old:
-        _add_edge(out, key)
-    return out
-
-
-def _section(spec: dict, kind: str, flow: str = MAIN) -> dict:
-    if kind == "step":
-        return flows_of(spec)[flow].setdefault("nodes", {})
-    return spec.setdefault(
-        {"role": "roles", "tool": "tools", "policy": "policies", "flow": "subflows"}[kind], {}
-    )
-
-
-def _remove_node(spec: dict, identifier: str) -> None:
-    kind, flow, name = parse_id(identifier)
-    if kind == "step" and name == END:
-        return
-    if kind == "step" and flow not in flows_of(spec):
-        return  # its subflow went first
-    _section(spec, kind, flow).pop(name, None)
-    if kind == "step":  # branches to it go too (a step left without one ends)
-        for step in _section(spec, "step", flow).values():
-            kept = [b for b in _branches(step) if b.get("goto") != name]
-            step["next"] = kept or [{"goto": END, "when": None}]
-
-
-def _remove_edge(spec: dict, key: tuple) -> None:
-    kind, source, target, extra = key
-    skind, sflow, sname = parse_id(source)
-    tname = parse_id(target)[2]
-    if skind == "step":
-        step = _section(spec, "step", sflow).get(sname)
-        if step is None:
-            return
-        if kind == "next":
-            branches = _branches(step)
-            gone = next(
-                (i for i, b in enumerate(branches) if b.get("goto", END) == tname and b.get("when") == extra),
-                None,
-            )
-            if gone is not None:
-                step["next"] = branches[:gone] + branches[gone + 1 :] or [{"goto": END, "when": None}]
-        elif kind == "calls":
-            field = next((f for f in ROLE_FIELDS if f in step), None)
-            if field is not None and step[field] == tname:
-                step[field] = ""
-        elif kind == "uses":
-            step["tools"] = [t for t in step.get("tools", []) if t != tname]
-        elif kind == "runs":
-            step["agents"] = {a: s for a, s in (step.get("agents") or {}).items() if (a, s) != (extra, tname)}
-    elif kind == "route":
-        tool = _section(spec, "tool").get(sname)
-        if tool is not None:
-            tool["route"] = None
-    elif kind == "runs":
-        tool = _section(spec, "tool").get(sname)
-        if tool is not None:
-            tool["subflow"] = None
-    elif kind == "plays":
-        role = _section(spec, "role").get(sname)
-        if role is not None:
-            role["policy"] = "base"
-
-
-def _add_edge(spec: dict, key: tuple) -> None:
-    kind, source, target, extra = key
-    skind, sflow, sname = parse_id(source)
-    tname = parse_id(target)[2]
-    if skind == "step":
-        step = _section(spec, "step", sflow).get(sname)
-        if step is None:
-            return
-        if kind == "next":
-            _add_branch(step, tname, extra)
-        elif kind == "calls":
-            field = next((f for f in ROLE_FIELDS if f in step), None)
-            if field is not None:
-                step[field] = tname
-        elif kind == "uses":
-            if step_kind(step) == "call":  # a call step given a tool becomes an agent step
-                step["agent"] = step.pop("call")
-            if "agent" in step and tname not in step.setdefault("tools", []):
-                step["tools"].append(tname)
-        elif kind == "runs" and step_kind(step) == "dag":
-            agents = step.setdefault("agents", {})
-            name = extra or tname
-            while name in agents:
-                name += "_"
-            agents[name] = tname
-    elif kind == "route":
-        tool = _section(spec, "tool").get(sname)
-        if tool is not None:
-            tool["route"] = {**(tool.get("route") or {}), "via": tname}
-    elif kind == "runs":
-        tool = _section(spec, "tool").get(sname)
-        if tool is not None:
-            tool["kind"], tool["subflow"] = "agent", tname
-    elif kind == "plays":
-        role = _section(spec, "role").get(sname)
-        if role is not None:
-            role["policy"] = tname
-
-
-def _add_branch(step: dict, target: str, when: str | None) -> None:
-    """A new branch: an unconditional one replaces a lone default ``goto: end`` or goes last; a conditional one
-    goes before the first unconditional branch (branches are tried in order)."""
-    branches = _branches(step)
-    new = {"goto": target, "when": when}
-    if new in branches:
-        return
-    if (
-        not when
-        and len(branches) == 1
-        and branches[0].get("goto", END) == END
-        and branches[0].get("when") is None
-    ):
-        branches = []  # an unconditional branch replaces the default end; a conditional one goes before it
-    always = next((i for i, b in enumerate(branches) if b.get("when") is None), len(branches))
-    step["next"] = branches[:always] + [new] + branches[always:] if when else [*branches, new]
-
-
-def new_spec(name: str = "untitled") -> dict:
-    """An empty topology: one policy, no roles, tools or steps (the first step added becomes the start)."""
-    return {"name": name, "description": "", "params": {}, "policies": {"base": {"model": None, "adapter": None}},
-            "roles": {}, "tools": {}, "flow": {"start": "", "nodes": {}, "max_calls": 16, "answer": "",
-                                               "inputs": []}, "subflows": {}}  # fmt: skip
-
-
-#: What ``add_entry`` can add, and the palette offers.
-ENTRY_KINDS = ("call", "agent", "map", "dag", "router", "role", "tool", "policy", "subflow")
-
-
-def add_entry(spec: dict, kind: str, name: str, flow: str = MAIN) -> dict:
-    """``spec`` with a new entry called ``name``: a step (``call``, ``agent``, ``map``, ``dag``, ``router``;
-    ``step`` is a call) in ``flow``, or a ``role``, ``tool``, ``policy`` or ``subflow``. A step added to a
-    flow without a start becomes its start."""
-    out = copy.deepcopy(spec)
-    check_name(name)
-    kind = "call" if kind in ("step", "router") else kind
-    first_role = next(iter(out.get("roles") or {}), "")
-    if kind in STEP_KINDS:
-        flows = flows_of(out)
-        if flow not in flows:
-            raise ValueError(f"no subflow called {flow!r}")
-        if name == END:
-            raise ValueError(f"'{END}' is reserved for the end of a flow; pick another name")
-        section = flows[flow].setdefault("nodes", {})
-        entry: dict[str, Any] = {
-            "call": {"call": first_role},
-            "agent": {"agent": first_role, "tools": []},
-            "map": {"map": first_role, "over": "items", "into": f"{name}_outputs"},
-            "dag": {"dag": "graph", "agents": {}},
-        }[kind]
-        entry["next"] = [{"goto": END, "when": None}]
-        what = "step"
-    elif kind == "role":
-        section = out.setdefault("roles", {})
-        entry, what = {"messages": [{"role": "user", "content": "{{ question }}"}]}, "role"
-        if "base" not in (out.get("policies") or {"base": {}}) and out.get("policies"):
-            entry["policy"] = next(iter(out["policies"]))
-    elif kind == "tool":
-        section, entry, what = out.setdefault("tools", {}), {"kind": "bm25"}, "tool"
-    elif kind == "policy":
-        section, entry, what = out.setdefault("policies", {}), {"model": None, "adapter": None}, "policy"
-    elif kind == "subflow":
-        section, what = out.setdefault("subflows", {}), "subflow"
-        entry = {"start": "", "nodes": {}, "max_calls": 16, "answer": "", "inputs": []}
-    else:
-        raise ValueError(f"kind {kind!r}: choose one of {', '.join(ENTRY_KINDS)}")
-    if name in section:
-        raise ValueError(f"there is already a {what} called {name!r}" + (f" in {flow}" if flow else ""))
-    section[name] = entry
-    if kind in STEP_KINDS:
-        target = flows_of(out)[flow]
-        if target.get("start") not in section:
-            target["start"] = name
-    return out
-
-
-def check_name(name: str) -> None:
-    if not isinstance(name, str) or not name.strip() or ":" in name or name != name.strip():
-        raise ValueError(f"name {name!r} must be non-empty, without ':' and without spaces around it")
-
-
-def unique_name(spec: dict, kind: str, flow: str = MAIN) -> str:
-    """A free name for a new entry of ``kind`` (``call1``, ``role2``, ...)."""
-    kind = "call" if kind in ("step", "router") else kind
-    section_kind = "step" if kind in STEP_KINDS else "flow" if kind == "subflow" else kind
-    taken = set(_section(copy.deepcopy(spec), section_kind, flow))
-    base = {"subflow": "subflow", "policy": "policy"}.get(kind, kind)
-    i = 1
-    while f"{base}{i}" in taken:
-        i += 1
-    return f"{base}{i}"
-
-
-def rename(spec: dict, kind: str, old: str, new: str, flow: str = MAIN) -> dict:
-    """``spec`` with a role, tool, policy, subflow (kind ``flow``) or step of ``flow`` renamed everywhere it
-    is referred to."""
-    if old == new:
-        return copy.deepcopy(spec)
-    check_name(new)
-    out = copy.deepcopy(spec)
-    section = _section(out, kind, flow)
-    if new in section:
-        raise ValueError(f"there is already a {'subflow' if kind == 'flow' else kind} called {new!r}")
-    if kind == "step" and new == END:
-        raise ValueError(f"'{END}' is reserved for the end of a flow; pick another name")
-    section[new] = section.pop(old)
-    flows = flows_of(out)
-    for tool in (out.get("tools") or {}).values():
-        if kind == "role" and (tool.get("route") or {}).get("via") == old:
-            tool["route"]["via"] = new
-        if kind == "flow" and tool.get("subflow") == old:
-            tool["subflow"] = new
-    if kind == "policy":
-        for role in (out.get("roles") or {}).values():
-            if role.get("policy", "base") == old:
-                role["policy"] = new
-    if kind == "step" and flows[flow].get("start") == old:
-        flows[flow]["start"] = new
-    for flow_name, each in flows.items():
-        for step in (each.get("nodes") or {}).values():
-            for field in ROLE_FIELDS:
-                if kind == "role" and step.get(field) == old:
-                    step[field] = new
-            if kind == "tool" and "tools" in step:
-                step["tools"] = [new if t == old else t for t in step["tools"]]
-                options = step.get("protocol_options") or {}
-                if options.get("tool") == old:
-                    options["tool"] = new
-            if kind == "flow" and "agents" in step:
-                step["agents"] = {a: (new if s == old else s) for a, s in step["agents"].items()}
-            if kind == "step" and flow_name == flow:
-                for branch in _branches(step):
-                    if branch.get("goto") == old:
-                        branch["goto"] = new
-    return out
-
-
-def renamed_id(identifier: str, new: str) -> str:
-    """The canvas id of the node ``identifier`` once renamed to ``new`` (the same flow)."""
-    kind, flow, _ = parse_id(identifier)
-    return node_id(kind, new, flow)
+    edge["domAttributes"] = {"data-title": f"{source} → {target}\n{measures_text(measured)}"}
 
 
 def node_of(path: str) -> str | None:

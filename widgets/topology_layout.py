@@ -37,7 +37,7 @@ SIZES = {
 }
 X_GAP, Y_GAP = 150.0, 36.0  # between layers (room for a branch label) and between nodes of one layer
 GROUP_PAD, GROUP_TITLE = 22.0, 30.0  # inside a subflow's frame
-BAND_GAP, ITEM_GAP = 80.0, 34.0  # between bands, between nodes of one row
+BAND_GAP, ITEM_GAP = 56.0, 28.0  # between bands, between nodes of one row
 ROW_WIDTH = 1500.0  # subflow groups wrap into rows no wider than this
 LABEL_CHAR, LABEL_H, LABEL_PAD, LABEL_MAX = 6.7, 14.0, 4.0, 24  # monospace 11px labels
 LABEL_MARGIN = 4.0

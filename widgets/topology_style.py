@@ -51,19 +51,20 @@ def canvas_css() -> str:
     """The canvas's stylesheet: every node kind's size, colours and shape; captions; edge labels."""
     rules = [
         """
+.react-flow { height: 100%; }  /* the canvas fills its host, whose height the editor sets */
 .react-flow__node.wb-node {
   padding: 0 !important; min-width: 0 !important; box-sizing: border-box; text-align: left;
   border: 2px solid #888; color: #1f2933; font-family: Helvetica, Arial, 'DejaVu Sans', sans-serif;
-  font-size: 13px; box-shadow: none;
+  font-size: 16px; box-shadow: none;
 }
 .react-flow__node.wb-node .rf-node-content { padding: 0; min-width: 0; height: 100%; box-sizing: border-box; }
 .react-flow__node.wb-node .rf-node-label {
-  margin: 0 !important; padding: 19px 10px 0 10px; white-space: nowrap; overflow: hidden;
-  text-overflow: ellipsis; font-weight: 600; line-height: 18px; box-sizing: border-box;
+  margin: 0 !important; padding: 16px 10px 0 10px; white-space: nowrap; overflow: hidden;
+  text-overflow: ellipsis; font-weight: 600; line-height: 22px; box-sizing: border-box;
 }
 .react-flow__node.wb-node::before {
-  content: attr(data-caption); position: absolute; left: 10px; right: 8px; top: 4px; font-size: 10px;
-  line-height: 12px; color: #52606d; white-space: nowrap; overflow: hidden; text-overflow: ellipsis;
+  content: attr(data-caption); position: absolute; left: 10px; right: 8px; top: 3px; font-size: 11px;
+  line-height: 13px; color: #52606d; white-space: nowrap; overflow: hidden; text-overflow: ellipsis;
   pointer-events: none;
 }
 .react-flow__node.wb-node.selected { outline: 3px solid #2684ff; outline-offset: 2px; }

@@ -217,13 +217,16 @@ class Builder:
         self.click(".wb-inspector .wb-apply")
         self.changed(before, expect)
 
-    def connect(self, source: str, target: str, kind: str) -> None:
+    def connect(self, source: str, target: str, kind: str, again: bool = False) -> None:
+        """Draw an edge handle to handle (unless one of that kind is there: a new step calls the first role;
+        ``again`` draws one more, a second branch between the same steps)."""
         edge = self.page.locator(f'.react-flow__edge[data-id^="{kind}:{source}->{target}:"]')
-        if edge.count():
-            return  # already there (a new step calls the first role)
+        if edge.count() and not again:
+            return
         before = self.version()
-        start = self.node(source).locator(".react-flow__handle.source").bounding_box()
-        end = self.node(target).locator(".react-flow__handle.target").bounding_box()
+        handles = self.node(source).locator(".react-flow__handle.source")
+        start = (handles.nth(2) if again else handles.first).bounding_box()  # a router's lower handle
+        end = self.node(target).locator(".react-flow__handle.target").first.bounding_box()
         self.page.mouse.move(start["x"] + start["width"] / 2, start["y"] + start["height"] / 2)
         self.page.mouse.down()
         self.page.mouse.move(end["x"] + end["width"] / 2, end["y"] + end["height"] / 2, steps=6)
@@ -508,4 +511,134 @@ def test_every_library_topology_is_drawn_without_overlaps_and_with_every_part_co
         if not u.startswith(("http://127.0.0.1", "http://localhost", "ws://", "data:", "blob:"))
     ]
     assert outside == [], f"the editor fetched from elsewhere: {outside[:5]}"
+    assert errors.records == [], errors.records[0]
+
+
+def canvas_top(page) -> float:
+    return page.locator(".react-flow").first.bounding_box()["y"]
+
+
+#: A long condition: its label is cut short on the canvas and shown whole on hover (an SVG <title>).
+LONG_WHEN = "'a condition longer than any label' != 'short'"
+
+
+def test_two_branches_between_one_pair_each_selected_by_its_label_and_the_canvas_never_moves(editor_page):
+    """A router with two branches to the same step, built from "New": each label (and each entry of the router
+    form's branch list) selects its own branch; a refused edge vanishes at once; the banner, however long,
+    never moves the canvas; a cut label shows whole on hover."""
+    page, errors, _ = editor_page
+    ui = Builder(page)
+    ui.new()
+    top = canvas_top(page)
+    ui.drop("role")
+    router = ui.drop("router")
+    target = ui.drop("call")
+    ui.drop("call")
+    ui.drop("call")  # three steps nothing reaches: three problems
+    page.locator(".wb-editor-errors .wb-problems li").nth(2).wait_for(timeout=20_000)  # the banner has grown
+    assert canvas_top(page) == top, "the banner moved the canvas"
+    ui.auto_layout()
+    ui.connect(router, target, "next")  # replaces the router's default end
+    edge = f"next:{router}->{target}:"
+    ui.click_edge(edge)
+    ui.wait_inspected(f"next:{router}->{target}")
+    page.locator(".wb-inspector .wb-edge-when input").fill(LONG_WHEN)
+    ui.apply(f"next:{router}->{target}")
+    ui.connect(router, target, "next", again=True)  # a second branch between the same two steps
+    labels = page.locator(f'.react-flow__edge[data-id^="{edge}"] .react-flow__edge-textwrapper')
+    labels.nth(1).wait_for(timeout=20_000)
+    assert canvas_top(page) == top
+    paths = page.locator(f'.react-flow__edge[data-id^="{edge}"] path.react-flow__edge-path')
+    middles = [p.evaluate("(p) => p.getPointAtLength(p.getTotalLength() / 2).y") for p in paths.all()]
+    assert abs(middles[0] - middles[1]) >= 15, f"parallel branches drawn along one line: {middles}"
+    for _ in range(2):  # each label, in either order, selects its own branch
+        for order, text in ((0, "1: "), (1, "2: else")):
+            label = page.locator(
+                f'.react-flow__edge[data-id^="{edge}"] .react-flow__edge-textwrapper', has_text=text
+            )
+            box = label.bounding_box()
+            page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            page.locator(f'.wb-inspector .wb-edge-place[data-order="{order}"]').wait_for(timeout=20_000)
+    titled = page.locator(f'.react-flow__edge[data-id="{edge}{LONG_WHEN}"] > title')
+    assert LONG_WHEN in titled.text_content(), "a cut label shows whole on hover"
+    pane = ui.pane.bounding_box()
+    for order in (1, 0):  # the router form's branch list selects a branch
+        page.mouse.click(pane["x"] + pane["width"] - 20, pane["y"] + 20)  # nothing selected, then the router
+        ui.node(router).locator(".rf-node-label").click()
+        ui.wait_inspected(router)
+        page.locator(f".wb-inspector .wb-branch-{order} button").click()
+        page.locator(f'.wb-inspector .wb-edge-place[data-order="{order}"]').wait_for(timeout=20_000)
+    # an edge that means nothing (role -> step) is refused and vanishes at once
+    edges = page.locator(".react-flow__edge")
+    count = edges.count()
+    role = next(
+        i
+        for i in (n.get_attribute("data-id") for n in page.locator(".react-flow__node").all())
+        if i.startswith("role:")
+    )
+    start = ui.node(role).locator(".react-flow__handle.source").first.bounding_box()
+    end = ui.node(target).locator(".react-flow__handle.target").first.bounding_box()
+    page.mouse.move(start["x"] + start["width"] / 2, start["y"] + start["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(end["x"] + end["width"] / 2, end["y"] + end["height"] / 2, steps=6)
+    page.mouse.up()
+    page.locator(".wb-editor-notice .wb-notice", has_text="means nothing").wait_for(timeout=20_000)
+    for _ in range(40):
+        if edges.count() == count:
+            break
+        page.wait_for_timeout(50)
+    assert edges.count() == count, "the refused edge is still drawn"
+    assert canvas_top(page) == top
+    assert errors.records == [], errors.records[0]
+
+
+#: The drawn graph against its canvas: the zoom, a step name's size on screen, how much of the canvas it fills.
+FILLED = """(root) => {
+  const canvas = root.getBoundingClientRect();
+  const boxes = [...root.querySelectorAll('.react-flow__node')].map((n) => n.getBoundingClientRect());
+  const left = Math.min(...boxes.map((b) => b.left)), right = Math.max(...boxes.map((b) => b.right));
+  const top = Math.min(...boxes.map((b) => b.top)), bottom = Math.max(...boxes.map((b) => b.bottom));
+  const zoom = new DOMMatrix(getComputedStyle(root.querySelector('.react-flow__viewport')).transform).a;
+  const name = root.querySelector('.react-flow__node.wb-kind-call .rf-node-label');
+  return {zoom, name: parseFloat(getComputedStyle(name).fontSize) * zoom,
+          fill: [(right - left) / canvas.width, (bottom - top) / canvas.height],
+          inside: left >= canvas.left - 1 && right <= canvas.right + 1 && top >= canvas.top - 1
+                  && bottom <= canvas.bottom + 1};
+}"""
+
+
+def test_auto_layout_fits_the_canvas_at_its_real_size_with_readable_names(browser, served):
+    """On a 1600 x 1000 page the canvas fills the window and Auto layout shows mas_orchestra whole with step
+    names >= 11 px, filling >= 80% of the canvas's width or height; on a smaller window the view refits."""
+    url, errors = served
+    context = browser.new_context(viewport={"width": 1600, "height": 1000})
+    page = context.new_page()
+    try:
+        page.goto(url + "/")
+        page.locator(".react-flow__node").first.wait_for(timeout=60_000)
+        page.locator(".wb-editor-load select").select_option("mas_orchestra")
+        page.locator('.react-flow__node[data-id="flow:reflexion"]').wait_for(timeout=20_000)
+        ui = Builder(page)
+        ui.changed(0)
+        before = ui.version()
+        ui.click(".wb-auto-layout")
+        ui.changed(before)
+        page.wait_for_timeout(500)  # the viewport is sent after the nodes
+        flow = page.locator(".react-flow").first
+        box = flow.bounding_box()
+        assert box["y"] + box["height"] >= 1000 - 40, f"the canvas leaves the window's bottom empty: {box}"
+        drawn = flow.evaluate(FILLED)
+        screenshot(page, "editor-auto-layout-1600x1000")
+        assert drawn["inside"], f"the graph leaves the canvas: {drawn}"
+        assert drawn["name"] >= 11, f"step names drawn at {drawn['name']:.1f} px (zoom {drawn['zoom']:.2f})"
+        assert max(drawn["fill"]) >= 0.8, f"the graph fills only {drawn['fill']} of the canvas"
+        page.set_viewport_size({"width": 1200, "height": 800})  # resized: fitted again to the smaller canvas
+        for _ in range(60):
+            drawn = flow.evaluate(FILLED)
+            if drawn["inside"]:
+                break
+            page.wait_for_timeout(100)
+        assert drawn["inside"] and max(drawn["fill"]) >= 0.8, drawn
+    finally:
+        context.close()
     assert errors.records == [], errors.records[0]
