@@ -1,6 +1,6 @@
 """The workbench's visual side: Panel components for JupyterLab and the team dashboard.
 
-    from widgets import TopologyEditor, RunLauncher, TrajectoryBrowser, RewardMonitor, Dashboard
+    from widgets import TopologyEditor, RunLauncher, TrajectoryBrowser, RewardMonitor, Compare, Dashboard
 
 Each is a ``pn.viewable.Viewer``: display it in a notebook cell (after ``widgets.extension()``, which loads
 Panel's JavaScript from the Jupyter server: see widgets.notebook) or serve it. The served application, what
@@ -20,6 +20,7 @@ _LAZY = {
     "TrajectoryBrowser": "widgets.trajectory_browser",
     "RewardMonitor": "widgets.reward_monitor",
     "Dashboard": "widgets.dashboard",
+    "Compare": "widgets.compare",
     "extension": "widgets.notebook",
 }
 

@@ -12,6 +12,11 @@ form links to it); a viewer's page holds none of them (and the server refuses a 
 or replay request however it is sent, see ``widgets.server.operator_api`` and ``RunLauncher.can_operate``).
 Apart from those operator actions, the dashboard only reads the run store.
 
+Selecting several runs (ctrl- or shift-click in the runs table), with or without committed summaries of the
+gallery (``reports/runs/*``, read-only), and pressing "Compare" opens them side by side (``widgets.compare``);
+the address bar then holds ``?compare=<run_id>,...,summary:<name>`` (``widgets.compare_link``), and that link
+reopens the same comparison.
+
 Many sessions cost about one: the runs list and each run's metrics, step and status are read once per
 change for all sessions of the process (``widgets.shared_poll``), a session sends its page only what
 changed, and a new session's page is cheap: the runs list, the selected run's header and its Curves tab,
@@ -22,7 +27,9 @@ and its views are closed (their readers too) when the session ends.
 
 CSS classes a browser test can find: ``wb-dashboard``, ``wb-runs`` (the runs table), ``wb-run-view``
 (the selected run's tabs), ``wb-role`` (the signed-in role), ``wb-stop-run`` (operators only, active
-runs only), ``wb-run-status`` and ``wb-run-error`` (the selected run's status and error).
+runs only), ``wb-run-status`` and ``wb-run-error`` (the selected run's status and error),
+``wb-compare-button`` and ``wb-compare-summaries`` (the committed summaries to add), ``wb-compare`` (the
+comparison, see ``widgets.compare``).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from typing import Any
 import pandas as pd
 import panel as pn
 
+from widgets.compare_link import COMPARE_ARG, compare_query, compared_runs
 from widgets.live import periodic
 from widgets.reward_monitor import RewardMonitor
 from widgets.run_launcher import RunLauncher
@@ -82,7 +90,7 @@ class Dashboard(pn.viewable.Viewer):
         self._progress_bucket = int(time.monotonic() // PROGRESS_S)
         self.table = pn.widgets.Tabulator(
             self._runs_frame.copy(),  # the table changes its own frame when patched
-            selectable=1,
+            selectable=True,  # a click selects a run, ctrl- or shift-click several (to compare them)
             disabled=True,
             show_index=False,
             pagination="local",
@@ -91,6 +99,23 @@ class Dashboard(pn.viewable.Viewer):
             css_classes=["wb-runs"],
         )
         self.table.param.watch(self._select, "selection")
+        #: the ids of the runs selected in the table (kept selected as the table changes)
+        self._chosen: list[str] = []
+        self._restoring = False
+        self.compare_button = pn.widgets.Button(
+            label="Compare (select several runs)",
+            disabled=True,
+            css_classes=["wb-compare-button"],
+            color="primary",
+        )
+        self.compare_button.on_click(lambda _e: self.compare_selected())
+        self.summaries = pn.widgets.MultiChoice(
+            placeholder="add committed summaries (read-only)", options=_summary_options(),
+            css_classes=["wb-compare-summaries"], width=360,
+        )  # fmt: skip
+        self.summaries.param.watch(lambda _e: self._show_compare_button(), "value")
+        #: the labels of the runs compared now (run ids, ``summary:<name>``), empty when none is
+        self.compared: list[str] = []
         self.run_view = pn.Column(
             pn.pane.HTML("<p>Select a run.</p>"), css_classes=["wb-run-view"], sizing_mode="stretch_width"
         )
@@ -121,6 +146,7 @@ class Dashboard(pn.viewable.Viewer):
             return
         self._runs_version, self._structure, self._progress_bucket = version, structure, bucket
         frame = shared_runs_table(self.runs_dir)
+        chosen = list(self._chosen)  # a new table value may clear the selection (and so _chosen)
         changes = table_changes(self._runs_frame, frame)
         self._runs_frame = frame
         if changes is None:  # other runs, or a cell emptied (a run became unreadable): the whole table
@@ -131,11 +157,11 @@ class Dashboard(pn.viewable.Viewer):
             return
         selected = self.selected.name if self.selected else None
         ids = list(frame["id"])
-        if selected in ids:
-            row = ids.index(selected)
-            self.table.selection = [row]
-            if frame["status"].iloc[row] != self._status:
-                self._show_status()
+        rows = [ids.index(run) for run in chosen if run in ids]
+        if rows:
+            self._set_selection(rows)
+        if selected in ids and frame["status"].iloc[ids.index(selected)] != self._status:
+            self._show_status()
 
     def open_run(self, run_id: str) -> None:
         """Show run ``run_id``: its monitor, trajectories and config.
@@ -148,8 +174,12 @@ class Dashboard(pn.viewable.Viewer):
         for view in self._views:
             getattr(view, "close", lambda: None)()
         self.selected = run_dir
+        if self.compared:  # the address bar held the comparison's link: now this run's
+            self.compared = []
+            _set_query(f"?run={run_id}")
         ids = list(self.table.value["id"])
         if run_id in ids:  # opened by a link or a button: the runs table shows it selected
+            self._chosen = [run_id]
             self.table.selection = [ids.index(run_id)]
         monitor = RewardMonitor(run_dir, interval_ms=self.refresh_ms, show_error=False)
         self._views = [monitor]
@@ -256,8 +286,48 @@ class Dashboard(pn.viewable.Viewer):
             BackgroundRun(run_dir).request_stop()
 
     def _select(self, event: Any) -> None:
-        if event.new:
-            self.open_run(str(self.table.value.iloc[event.new[0]]["id"]))
+        ids = [str(self.table.value.iloc[row]["id"]) for row in event.new]
+        self._chosen = ids
+        if len(ids) == 1 and not self._restoring:  # a click on one run (not the table kept as it was)
+            self.open_run(ids[0])
+        self._show_compare_button()
+
+    def _set_selection(self, rows: list[int]) -> None:
+        """Select ``rows`` of the table without opening anything (the selection kept as the table changes)."""
+        self._restoring = True
+        try:
+            self.table.selection = rows
+        finally:
+            self._restoring = False
+
+    def _show_compare_button(self) -> None:
+        n = len(self._chosen) + len(self.summaries.value)
+        self.compare_button.disabled = n < 2
+        self.compare_button.label = f"Compare {n} runs" if n >= 2 else "Compare (select several runs)"
+
+    def compare_selected(self) -> None:
+        """Compare the runs selected in the table and the committed summaries chosen beside it."""
+        self.compare(self._chosen + [f"summary:{name}" for name in self.summaries.value])
+
+    def compare(self, labels: list[str]) -> None:
+        """Show the runs ``labels`` name (run ids of the directory, ``summary:<name>``) side by side, and put
+        them in the address bar; names that are neither are ignored (see ``widgets.compare_link``)."""
+        from widgets.compare import Compare
+
+        runs = compared_runs(self.runs_dir, ",".join(labels))
+        if not runs or list(runs) == self.compared:
+            return
+        for view in self._views:
+            getattr(view, "close", lambda: None)()
+        self.selected, self._browser, self._graph, self._tabs = None, None, None, None
+        self.compared = list(runs)
+        view = Compare(runs, interval_ms=max(self.refresh_ms, 2000))
+        self._views = [view]
+        ids = list(self.table.value["id"])
+        self._chosen = [label for label in runs if label in ids]
+        self._set_selection([ids.index(label) for label in self._chosen])
+        self.run_view.objects = [view]
+        _set_query(compare_query(self.compared))
 
     def close(self) -> None:
         """Stop polling and close the selected run's views (what the end of a served session does)."""
@@ -279,6 +349,9 @@ class Dashboard(pn.viewable.Viewer):
 
     # ------------------------------------------------------------------ view
     def __panel__(self) -> pn.viewable.Viewable:
+        link = (pn.state.session_args.get(COMPARE_ARG) or [b""])[0]
+        if link:  # a link to a comparison: /?compare=<run_id>,...,summary:<name>
+            self.compare([link.decode(errors="replace")])
         pn.state.onload(self.start)  # served: once the page is drawn; in a notebook: now
         doc = pn.state.curdoc
         if doc is not None and doc.session_context is not None:
@@ -289,7 +362,10 @@ class Dashboard(pn.viewable.Viewer):
             f'<span data-role="{role}">{user} · {role}</span>',
             css_classes=["wb-role"],
         )
-        runs = pn.Column(heading, self.table, self.run_view)
+        hint = pn.pane.HTML("<small>ctrl- or shift-click to select several runs</small>")
+        runs = pn.Column(
+            heading, self.table, pn.Row(self.compare_button, self.summaries, hint), self.run_view
+        )
         tabs = [("Runs", runs)]
         if self.operator:  # built when first opened, as the editor
             tabs.append(("Launch", pn.panel(self._launcher, defer_load=True)))
@@ -299,6 +375,19 @@ class Dashboard(pn.viewable.Viewer):
             css_classes=["wb-dashboard"],
             sizing_mode="stretch_width",
         )
+
+
+def _summary_options() -> list[str]:
+    from workbench.analysis.compare import committed_summaries
+
+    return list(committed_summaries())
+
+
+def _set_query(query: str) -> None:
+    """Put ``query`` in the address bar of a served page (no reload); nothing in a notebook."""
+    doc = pn.state.curdoc
+    if doc is not None and doc.session_context is not None and pn.state.location is not None:
+        pn.state.location.search = query
 
 
 def _editor() -> Any:

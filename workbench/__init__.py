@@ -6,6 +6,7 @@
     tasks = wb.generate_tasks("arithmetic", n=8, seed=0)
     result = wb.rollout(topology, tasks, model="smollm2-135m")
     run = wb.train("marsrl", config=wb.TrainConfig(steps=20))   # returns at once; run.wait()
+    wb.compare(["runs/a", "runs/b"])    # config diff, seed groups, curves, held-out outcomes (widgets.Compare draws it)
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ _LAZY = {
     "replay": ("workbench.analysis.replay", "replay"),
     "replay_calls": ("workbench.analysis.replay_batch", "replay_calls"),
     "graph_signals": ("workbench.analysis.signals", "graph_signals"),
+    "compare": ("workbench.analysis.compare", "Comparison"),
     "topology_diagram": ("workbench.analysis.signals", "topology_diagram"),
     "train": ("workbench.training", "train"),
     "resume": ("workbench.training", "resume"),

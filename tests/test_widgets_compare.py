@@ -1,0 +1,92 @@
+"""The Compare component and the dashboard's comparison: groups drawn as bands, live runs, links, summaries."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.compare_runs import BASE_LR, OTHER_LR, reward, seeded_runs, write_run, write_step
+from widgets import shared_poll
+from widgets.compare import Compare
+from widgets.compare_link import MAX_COMPARED, compare_query, compared_runs
+from widgets.dashboard import Dashboard
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    shared_poll.forget_runs()
+    yield
+    shared_poll.forget_runs()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> list:
+    return seeded_runs(tmp_path_factory.mktemp("widgets-compare") / "runs")
+
+
+def test_a_group_of_seeds_is_a_band_and_a_lone_run_a_line(runs):
+    view = Compare(runs, live=False)
+    view.__panel__().get_root()
+    kinds = {(kind, owner) for kind, owner, _, _ in view._sources}
+    assert kinds == {("band", "learning_rate=1e-05"), ("line", "learning_rate=1e-05"),
+                     ("line", "learning_rate=0.0001")} | {("seed", run.name) for run in runs[:3]}  # fmt: skip
+    assert 'data-kind="band" data-runs="3"' in view._header.object
+    assert 'data-kind="line" data-runs="1"' in view._header.object
+    assert (
+        'data-field="learning_rate"' in view._header.object and "seed: not a group key" in view._header.object
+    )
+    band = view._sources["band", "learning_rate=1e-05", "reward", "solver"].data
+    values = [reward(BASE_LR, seed, 1) for seed in range(3)]
+    assert (
+        band["value"][1] == pytest.approx(sum(values) / 3)
+        and band["lower"][1] < band["value"][1] < band["upper"][1]
+    )
+    assert Compare(runs, live=False)._lines() is view._lines(), "views of the same runs compute them once"
+    assert not any(r.visible for r in view._seed_renderers)
+    view.show_seeds = True
+    assert all(r.visible for r in view._seed_renderers)
+    view.x = "samples seen"
+    assert view._sources["line", "learning_rate=0.0001", "reward", "solver"].data["x"] == [16.0, 32.0, 48.0]
+    assert 'data-score="system"' in view._outcomes.object and "±" in view._outcomes.object
+    assert (
+        view._csv().getvalue().startswith("name,kind,runs,score,tasks,before,after,rise,se,z,vs,diff,diff_se")
+    )
+
+
+def test_a_running_run_keeps_updating_and_gets_its_outcomes_when_it_ends(runs, tmp_path):
+    store = write_run(tmp_path, OTHER_LR, 1, steps=1, finished=False)
+    try:
+        view = Compare([runs[0], store.run_dir], interval_ms=200)
+        assert view.active and not view.refresh(), "nothing new, nothing drawn"
+        line = view._sources["line", "learning_rate=0.0001", "reward", "solver"]
+        write_step(store, OTHER_LR, 1, 1, final=True)
+        store.set_status("finished")
+        assert view.refresh()
+        assert view._sources["line", "learning_rate=0.0001", "reward", "solver"] is line, "updated in place"
+        assert line.data["value"] == pytest.approx([reward(OTHER_LR, 1, s) for s in range(2)])
+        assert f'data-name="{store.run_id}"' in view._outcomes.object and not view.active
+    finally:
+        store.close()
+
+
+def test_the_dashboard_compares_the_selected_runs_and_a_link_names_only_runs_and_summaries(runs, tmp_path):
+    runs_dir = runs[0].parent
+    ids = [run.name for run in runs]
+    assert list(compared_runs(runs_dir, f"{ids[0]},../{ids[1]},nope,summary:nope,summary:marsrl,{ids[0]}")) == [
+        ids[0], "summary:marsrl"]  # fmt: skip
+    assert len(compared_runs(runs_dir, ",".join(ids * 5 + [f"x{i}" for i in range(20)]))) <= MAX_COMPARED
+    assert compare_query([ids[0], "summary:marsrl"]) == f"?compare={ids[0]},summary:marsrl"
+    dashboard = Dashboard(runs_dir, role="viewer")
+    dashboard.__panel__()
+    table_ids = list(dashboard.table.value["id"])
+    dashboard.table.selection = [table_ids.index(i) for i in ids]
+    assert dashboard.selected is None and not dashboard.compare_button.disabled
+    dashboard.compare_selected()
+    assert dashboard.compared == ids and isinstance(dashboard._views[0], Compare)
+    write_run(runs_dir, OTHER_LR, 7)  # a new run: the table is sent anew
+    dashboard.refresh()
+    table_ids = list(dashboard.table.value["id"])
+    assert len(table_ids) == 5 and dashboard.compared == ids
+    assert sorted(dashboard.table.selection) == sorted(table_ids.index(i) for i in ids), "kept selected"
+    dashboard.table.selection = [table_ids.index(ids[2])]
+    assert dashboard.selected == runs[2] and dashboard.compared == [], "a click on one run opens it"
+    dashboard.close()
