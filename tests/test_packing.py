@@ -7,6 +7,14 @@ checked (``tiny`` is a Qwen2, ``smollm2-135m`` a Llama), with sdpa and eager att
 ``use_block_attention`` (``packed``: one attention call over the row; the references then run through its
 fallback to plain sdpa, so they check that too).
 
+Packed attention's three paths (``workbench.rl.packed_attention``: loop, padded, and varlen through the CPU
+stand-in of torch 2.11's kernel on a CPU taken for CUDA) each give the loss and gradients of the samples
+computed one at a time, on a shared-prefix row, in fp32 and under bf16 autocast over fp32 weights, with and
+without gradient checkpointing, on ``tiny`` and on SmolLM2-135M's decoder shape (random weights, 2 layers, a
+4096-token vocabulary: see ``SMOLLM2_SHAPE``); the counters say which path each forward really took, a
+trained model under bf16 autocast on (faked) CUDA takes varlen with bf16 inputs, and the GPU check's kernel
+comparison (``bench_precision --compare-kernels``) fails when its two runs took the same path.
+
 Tolerances. In float64 packing is exact: log-probs and entropies agree to 1e-10 (measured 1e-14 on
 smollm2), gradients to 1e-7 of the largest entry (measured 1e-14 on one machine, 5e-9 on an AMD EPYC
 with the same packages: its float64 kernels round differently; a leak between samples moves gradients
@@ -19,6 +27,9 @@ to 1.1e-4). The two references differ from each other by as much; on ``tiny`` ev
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import functools
 import random
 from types import SimpleNamespace
 
@@ -28,6 +39,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench.engine.binpack import BinPackingError
+from workbench.rl.packed_attention import counting_paths, forced_path, varlen_on_cpu
 from workbench.rl.packing import (
     BLOCK_ATTENTION,
     PackedBatch,
@@ -196,11 +208,8 @@ FLOAT32 = [
 ]
 FLOAT64 = ["tiny:sdpa:float64", pytest.param("smollm2-135m:sdpa:float64", marks=pytest.mark.slow)]
 # use_block_attention: sdpa per sample's block in a packed row, plain sdpa for everything else
-BLOCKS = [
-    "tiny:packed:float32",
-    "tiny:packed:float64",
-    pytest.param("smollm2-135m:packed:float64", marks=pytest.mark.slow),
-]
+# (smollm2's packed attention: test_every_attention_path_gives_the_per_sample_loss_and_gradients, every path)
+BLOCKS = ["tiny:packed:float32", "tiny:packed:float64"]
 
 
 @pytest.fixture(scope="module", params=FLOAT32 + FLOAT64 + BLOCKS)
@@ -495,3 +504,164 @@ def test_block_attention_splits_the_row_by_itself():
         logp = torch.log_softmax(logits[batch.completion_positions] / TEMPERATURE, -1)
         plain_logp, _ = _plain(model, samples)
     _close(logp.gather(-1, batch.target_ids[:, None])[:, 0], plain_logp)
+
+
+# --- the three attention paths in whole models ----------------------------------------------------
+
+# SmolLM2-135M's decoder (HuggingFaceTB/SmolLM2-135M-Instruct's config: Llama, width 576, 9 query heads over 3
+# key/value heads of 64) with random weights, cut for time to 2 of its 30 layers and 4096 of its 49152 tokens
+# of vocabulary: attention sees SmolLM2's tensors; the LM head, the same on every path, took 80% of the time.
+SMOLLM2_SHAPE = {
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "vocab_size": 4096,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 100000.0,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+}
+# bf16 autocast over fp32 master weights, packed row against each sample alone under the same autocast: the
+# matmuls round in bf16 (8 bits of mantissa) in another order. Measured on both shapes, every path, with and
+# without checkpointing: loss within 2.1e-4 relative, gradients within 2.0e-2 of each parameter's largest
+# entry (fp32: 1e-7 and 1.1e-6). A sample reading another's tokens moves them by far more.
+BF16_LOSS_RTOL, BF16_GRAD_TOL = 2e-3, 5e-2
+
+
+@pytest.fixture(scope="module", params=["tiny", "smollm2-shape"])
+def trained(request):
+    """A trained model's setting: fp32 weights, packed attention, train mode; a GRPO micro-batch with shared
+    prefixes (each model has grouped-query heads); the per-sample references, made on first use."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from workbench.models import load
+
+    if request.param == "tiny":
+        model, _ = load("tiny")
+    else:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(
+            LlamaConfig(**SMOLLM2_SHAPE), dtype=torch.float32, attn_implementation="sdpa"
+        )
+    model = use_block_attention(model).train()
+    samples = _group_samples(model.config.vocab_size, seed=7)
+    batch = collate(samples, list(range(len(samples))), share_prefixes=True)
+    weights = torch.randn(len(batch.target_ids), generator=torch.Generator().manual_seed(0))
+    assert model.config.num_key_value_heads < model.config.num_attention_heads and batch.shared_tokens > 100
+    return SimpleNamespace(model=model, samples=samples, batch=batch, weights=weights, references={})
+
+
+def _autocast(precision: str):
+    return torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+
+
+def _loss(logp: torch.Tensor, entropy: torch.Tensor, setting) -> torch.Tensor:
+    mask = setting.batch.mask
+    return (setting.weights * logp.float())[mask].sum() + 0.1 * entropy.float()[mask].sum()
+
+
+def _per_sample_reference(setting, precision: str) -> tuple[float, dict[str, torch.Tensor]]:
+    """The loss and gradients of the samples each computed alone (plain sdpa, the model called as usual)."""
+    if precision not in setting.references:
+        model = setting.model
+        model.zero_grad(set_to_none=True)
+        logps, entropies = [], []
+        with _autocast(precision):
+            for s in setting.samples:
+                if s.completion_ids:
+                    logits = model(torch.tensor([s.prompt_ids + s.completion_ids]), use_cache=False).logits
+                    logp, entropy = _from_logits(logits[0].float(), s)
+                    logps.append(logp)
+                    entropies.append(entropy)
+        loss = _loss(torch.cat(logps), torch.cat(entropies), setting)
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        model.zero_grad(set_to_none=True)
+        setting.references[precision] = (loss.item(), grads)
+    return setting.references[precision]
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_every_attention_path_gives_the_per_sample_loss_and_gradients(trained, precision, checkpointing):
+    """loop, padded and varlen (the CPU stand-in of torch 2.11's kernel, on a CPU taken for CUDA) on a
+    shared-prefix row: the loss within 1e-5 relative and every gradient within 1e-4 of its parameter's largest
+    entry of the samples computed alone in fp32 (bf16: module constants). The path each forward took is read
+    from the counters: one call a layer, twice with checkpointing (the backward's recompute takes it again).
+    Not forced, the device's choice is read too: on CUDA a trained model (fp32 weights) takes varlen under
+    bf16 autocast, although Qwen2's rotary hands attention fp32 query and key, and padded in fp32."""
+    model, layers = trained.model, trained.model.config.num_hidden_layers
+    ref_loss, ref_grads = _per_sample_reference(trained, precision)
+    chosen = "varlen" if precision == "bf16" else "padded"  # on CUDA, not forced
+    loss_rtol, grad_tol = (1e-5, 1e-4) if precision == "fp32" else (BF16_LOSS_RTOL, BF16_GRAD_TOL)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    try:
+        for path in ("loop", "padded", "varlen"):
+            model.zero_grad(set_to_none=True)
+            forcing = contextlib.nullcontext() if path == chosen else forced_path(path)
+            with varlen_on_cpu(), forcing, counting_paths() as taken:
+                with _autocast(precision):
+                    logp, entropy = token_logprobs(model, trained.batch, TEMPERATURE, with_entropy=True)
+                loss = _loss(logp, entropy, trained)
+                loss.backward()
+            assert taken == {path: layers * (2 if checkpointing else 1)}, path
+            assert abs(loss.item() - ref_loss) <= loss_rtol * abs(ref_loss), (path, loss.item(), ref_loss)
+            for name, p in model.named_parameters():
+                scale = ref_grads[name].abs().max()
+                assert scale > 0 and (p.grad - ref_grads[name]).abs().max() <= grad_tol * scale, (path, name)
+    finally:
+        model.gradient_checkpointing_disable()
+        model.zero_grad(set_to_none=True)
+
+
+def test_a_trained_model_under_bf16_autocast_takes_varlen_with_bf16_inputs(monkeypatch):
+    """The path test on a real forward: ``tiny`` (Qwen2) with fp32 weights under bf16 autocast on a (faked)
+    CUDA device. Attention receives fp32 query and key (the rotary's fp32 cos/sin) beside a bf16 value,
+    which a choice made from the query's dtype sent to the padded path; it takes varlen, and the kernel
+    receives three bf16 tensors."""
+    from workbench.models import load
+    from workbench.rl import packing
+    from workbench.rl.packed_attention import packed_attention, varlen_attn_standin
+
+    model, _ = load("tiny")
+    use_block_attention(model)
+    reached, kernel_got = [], []
+
+    def recording_attention(query, key, value, layout, scale=None):
+        reached.append((query.dtype, key.dtype, value.dtype))
+        return packed_attention(query, key, value, layout, scale)
+
+    @functools.wraps(varlen_attn_standin)  # the stand-in's signature, so it is bound as the kernel would be
+    def recording_kernel(query, key, value, *args, **kwargs):
+        kernel_got.append((query.dtype, key.dtype, value.dtype))
+        return varlen_attn_standin(query, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(packing, "packed_attention", recording_attention)
+    batch = collate(_group_samples(model.config.vocab_size, seed=9), list(range(8)), share_prefixes=True)
+    with (
+        varlen_on_cpu(recording_kernel),
+        counting_paths() as taken,
+        torch.autocast("cpu", dtype=torch.bfloat16),
+    ):
+        logp, _ = token_logprobs(model, batch, TEMPERATURE)
+    layers = model.config.num_hidden_layers
+    assert taken == {"varlen": layers} and logp.dtype == torch.float32
+    assert reached == [(torch.float32, torch.float32, torch.bfloat16)] * layers
+    assert kernel_got == [(torch.bfloat16,) * 3] * layers
+
+
+# --- the kernel comparison of the GPU check --------------------------------------------------------
+
+
+def test_the_kernel_comparison_fails_when_both_runs_take_one_path():
+    """``bench_precision --compare-kernels`` reads the path each run took from the counters: planted on one
+    path, the two runs compare nothing and it says so (before the fix, a GPU's two runs both took padded)."""
+    from tests.perf.bench_precision import compare_kernels
+
+    args = argparse.Namespace(device="cpu", model="qwen2-mini")
+    with pytest.raises(RuntimeError, match=r"compared nothing: both runs took padded .*'padded': 4"):
+        compare_kernels(args, forcing={"default": "padded", "padded": "padded"})

@@ -2,11 +2,16 @@
 
 TRL generates its own completions; here its ``_prepare_inputs`` hands it our batch instead, and everything
 after that (loss, backward, clipping, AdamW step) is TRL's own ``train()``.
+
+Gradient checkpointing is set explicitly (``gradient_checkpointing``, off unless asked): TRL 1.16's
+``GRPOConfig`` turns it on by default, which would make TRL recompute every layer's forward while the
+workbench, by default, does not.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -14,6 +19,7 @@ from workbench.rl.samples import Sample
 
 
 def trl_inputs(samples: list[Sample]) -> dict[str, torch.Tensor]:
+    """``samples`` as TRL's GRPO inputs: left-padded prompts, right-padded completions, their masks."""
     p_len = max(len(s.prompt_ids) for s in samples)
     c_len = max(len(s.completion_ids) for s in samples)
     prompt_ids = torch.zeros(len(samples), p_len, dtype=torch.long)
@@ -45,9 +51,11 @@ def trl_trainer(
     steps: int = 1,
     callbacks=(),
     bf16: bool = False,
-):
+    gradient_checkpointing: bool = False,
+) -> Any:
     """A real ``trl.GRPOTrainer`` whose every step trains on ``samples`` (no generation); ``bf16``: TRL's mixed
-    precision (accelerate's autocast over fp32 weights)."""
+    precision (accelerate's autocast over fp32 weights); ``gradient_checkpointing``: TRL's (its config's
+    default is on; here it is off unless asked)."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -80,6 +88,7 @@ def trl_trainer(
         logging_steps=1,
         use_cpu=next(model.parameters()).device.type == "cpu",
         bf16=bf16,
+        gradient_checkpointing=gradient_checkpointing,
         seed=0,
     )
     processing_class = None
@@ -110,17 +119,26 @@ class Update:
 
 
 def named_grads(model) -> dict[str, torch.Tensor]:
+    """Each parameter's gradient (fp32 copies), by name."""
     return {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def named_params(model) -> dict[str, torch.Tensor]:
+    """Each parameter (fp32 copies), by name."""
     return {n: p.detach().float().clone() for n, p in model.named_parameters()}
 
 
 def trl_update(
-    model, samples: list[Sample], loss_type: str, out_dir, lr: float, adam_eps: float, bf16: bool = False
+    model,
+    samples: list[Sample],
+    loss_type: str,
+    out_dir,
+    lr: float,
+    adam_eps: float,
+    bf16: bool = False,
+    gradient_checkpointing: bool = False,
 ) -> Update:
-    """One TRL update of ``model`` on ``samples``."""
+    """One TRL update of ``model`` on ``samples`` (TRL's gradient checkpointing off unless asked)."""
     from transformers import TrainerCallback
 
     grads: dict[str, torch.Tensor] = {}
@@ -129,7 +147,17 @@ def trl_update(
         def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):  # after clipping
             grads.update(named_grads(model))
 
-    trainer = trl_trainer(model, samples, loss_type, out_dir, lr, adam_eps, callbacks=[Capture()], bf16=bf16)
+    trainer = trl_trainer(
+        model,
+        samples,
+        loss_type,
+        out_dir,
+        lr,
+        adam_eps,
+        callbacks=[Capture()],
+        bf16=bf16,
+        gradient_checkpointing=gradient_checkpointing,
+    )
     trainer.train()
     logged = next(e for e in trainer.state.log_history if "loss" in e)
     return Update(float(logged["loss"]), float(logged["grad_norm"]), grads, named_params(model))

@@ -1,8 +1,17 @@
-"""Engine overhead: a multi-role topology rollout against the raw backend on the same generation work.
+"""Engine overhead and decode throughput: a multi-role topology rollout against the raw backend on the same
+generation work, and the hf backend's decode tokens/s unprofiled and under torch.profiler.
 
     python -m tests.perf.bench_engine --quick                 # tiny model, hf backend (CI)
     python -m tests.perf.bench_engine --model smollm2-135m --backends hf vllm
-    python -m tests.perf.bench_engine --model qwen2.5-0.5b --backends hf --tasks 64 --max-tokens 128   # a GPU
+    python -m tests.perf.bench_engine --model qwen2.5-0.5b --backends hf --tasks 64 --max-tokens 128 \
+        --decode static --parts decode,profile              # a GPU: decode tokens/s both ways
+
+``--parts`` picks what is measured, in this order: ``decode`` (unprofiled decode tokens/s of ``--tasks`` rows
+with varied prompt and completion lengths, sampled, with stop strings and end-of-sequence honoured: what a
+rollout asks; a warm-up pass, then the timed one), ``profile`` (one batch of identical prompts decoded to
+``--max-tokens`` with ``ignore_eos`` under torch.profiler: where a step's time goes, and a tokens/s the
+profiler slows) and ``overhead`` (below; the default). The JSON is written after each part, so a run stopped
+midway keeps the parts it measured.
 
 The engine runs MarsRL (Solver -> Verifier -> Corrector ...) greedily over N problems at once. The
 baseline then sends the very same requests (the recorded prompt token ids and max_tokens, greedy)
@@ -17,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import tempfile
 import time
 from collections import defaultdict
@@ -33,6 +43,7 @@ from workbench.tasks import generate
 from workbench.topology import load
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "engine.json"
+PARTS = ("decode", "profile", "overhead")  # in the order they run
 
 
 def measure(backend: Any, n_tasks: int, max_tokens: int) -> dict[str, Any]:
@@ -117,6 +128,70 @@ def profile_decode(backend: Any, n: int, max_tokens: int) -> dict[str, Any]:
     }
 
 
+STOPS = ("\n\n", "</answer>")  # what marsrl's roles stop on, about
+
+
+def decode_requests(vocab: int, n: int, max_tokens: int, seed: int = 0) -> list[GenerationRequest]:
+    """``n`` sampled requests as a rollout sends them: prompt lengths log-normal around 64 tokens (8-256),
+    completion limits log-normal around ``max_tokens`` (up to twice it), stop strings, end-of-sequence
+    honoured, each row seeded."""
+    rng = random.Random(seed)
+    requests = []
+    for i in range(n):
+        prompt = min(256, max(8, int(rng.lognormvariate(0, 0.6) * 64)))
+        limit = min(2 * max_tokens, max(2, int(rng.lognormvariate(0, 0.6) * max_tokens)))
+        requests.append(
+            GenerationRequest(
+                [rng.randrange(10, vocab) for _ in range(prompt)],
+                max_tokens=limit,
+                temperature=1.0,
+                stop=STOPS,
+                seed=seed * 100_003 + i,
+            )
+        )
+    return requests
+
+
+def decode_rate(backend: Any, n: int, max_tokens: int) -> dict[str, Any]:
+    """Unprofiled decode tokens/s: ``n`` varied requests (``decode_requests``) sent at once through the backend's
+    own interface, as the engine sends them; one warm-up pass (kernels, graphs), then the timed one."""
+    vocab = int(backend.model.config.vocab_size)
+    requests = decode_requests(vocab, n, max_tokens)
+
+    async def send() -> list:
+        return await asyncio.gather(*(backend.generate(r) for r in requests))
+
+    started = time.perf_counter()
+    asyncio.run(send())
+    warmup_s = time.perf_counter() - started
+    started = time.perf_counter()
+    outputs = [g for (g,) in asyncio.run(send())]
+    elapsed = time.perf_counter() - started
+    lengths = [len(g.completion_ids) for g in outputs]
+    tokens = sum(lengths)
+    print(
+        f"decode (not profiled): {n} rows, {tokens:,} tokens in {elapsed:.2f} s ({tokens / elapsed:,.0f} tokens/s)"
+    )
+    return {
+        "decode": getattr(backend, "decode_mode", None),
+        "rows": n,
+        "prompt_tokens": sum(len(r.prompt_ids) for r in requests),
+        "prompt_lengths": [
+            min(len(r.prompt_ids) for r in requests),
+            max(len(r.prompt_ids) for r in requests),
+        ],
+        "max_tokens": [min(r.max_tokens for r in requests), max(r.max_tokens for r in requests)],
+        "stop": list(STOPS),
+        "completion_tokens": tokens,
+        "completion_lengths": [min(lengths), max(lengths)],
+        "finished_by_stop": sum(g.stop_reason is not None for g in outputs),
+        "finished_by_eos": sum(g.finish_reason == "stop" and g.stop_reason is None for g in outputs),
+        "warmup_s": round(warmup_s, 3),
+        "wall_s": round(elapsed, 4),
+        "tokens_per_s": round(tokens / elapsed, 1),
+    }
+
+
 def _device() -> str:
     import torch
 
@@ -133,11 +208,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tasks", type=int, default=None)
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--profile", action="store_true", help="first profile one decode batch (hf)")
+    parser.add_argument(
+        "--parts",
+        default="overhead",
+        help="what to measure, of decode,profile,overhead (decode and profile: the hf backend only)",
+    )
+    parser.add_argument("--profile", action="store_true", help="also profile one decode batch (hf)")
     parser.add_argument(
         "--decode", default="auto", choices=["auto", "dynamic", "static"], help="the hf backend's decode loop"
     )
     args = parser.parse_args(argv)
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    if args.profile and "profile" not in parts:
+        parts.insert(0, "profile")
+    if not parts or set(parts) - set(PARTS):
+        parser.error(f"--parts takes some of {','.join(PARTS)}, got {args.parts!r}")
+    parts = [p for p in PARTS if p in parts]  # decode, then profile, then overhead
     model = args.model or ("tiny" if args.quick else "smollm2-135m")
     kinds = args.backends or (["hf"] if args.quick else ["hf", "vllm"])
     n_tasks = args.tasks or (8 if args.quick else 16)
@@ -148,34 +234,52 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         served = str(
             shapes.materialize(model, Path(tempfile.mkdtemp(prefix="shape-")) / model, device=_device())
         )
-    for kind in kinds:
-        backend = make_backend(kind, served, **({"decode": args.decode} if kind == "hf" else {}))
-        try:
-            profile = profile_decode(backend, n_tasks, max_tokens) if args.profile and kind == "hf" else None
-            results[kind] = measure(backend, n_tasks, max_tokens)
-            if profile:
-                results[kind]["profile"] = profile
-        finally:
-            backend.close()
     report = {
         "benchmark": "engine",
         "mode": "quick" if args.quick else "full",
         "model": model,
+        "device": _device(),
         "topology": "marsrl",
         "tasks": n_tasks,
         "max_tokens": max_tokens,
+        "parts": parts,
         "backends": results,
-        "machine": machine(),
-        "when": now(),
+        "complete": False,
     }
-    write_json(args.out, report)
-    print(f"{'backend':8} {'engine tok/s':>13} {'raw tok/s':>10} {'ratio':>6} same-tokens")
+
+    def save() -> None:  # after every part: a run stopped midway keeps what it measured
+        write_json(args.out, {**report, "machine": machine(), "when": now()})
+
+    for kind in kinds:
+        backend = make_backend(kind, served, **({"decode": args.decode} if kind == "hf" else {}))
+        results[kind] = {}
+        try:
+            if "decode" in parts and kind == "hf":
+                results[kind]["decode"] = decode_rate(backend, n_tasks, max_tokens)
+                save()
+            if "profile" in parts and kind == "hf":
+                results[kind]["profile"] = profile_decode(backend, n_tasks, max_tokens)
+                save()
+            if "overhead" in parts:
+                results[kind].update(measure(backend, n_tasks, max_tokens))
+                save()
+        finally:
+            backend.close()
+    report["complete"] = True
+    save()
     for kind, r in results.items():
-        print(
-            f"{kind:8} {r['engine_tokens_per_s']:>13} {r['raw_tokens_per_s']:>10} {r['overhead_ratio']:>6} {r['same_token_counts']}"
-        )
+        if "overhead_ratio" in r:
+            print(
+                f"{kind}: engine {r['engine_tokens_per_s']} tokens/s, raw {r['raw_tokens_per_s']} tokens/s, ratio "
+                f"{r['overhead_ratio']}, same token counts {r['same_token_counts']}"
+            )
+        for part in ("decode", "profile"):
+            if part in r:
+                print(
+                    f"{kind} decode tokens/s{' (profiled)' if part == 'profile' else ''}: {r[part]['tokens_per_s']}"
+                )
     print(f"wrote {args.out}")
-    return report
+    return {**report, "machine": machine(), "when": now()}
 
 
 if __name__ == "__main__":

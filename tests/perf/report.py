@@ -68,20 +68,48 @@ def render_binpack(r: dict) -> str:
 
 
 def render_engine(r: dict) -> str:
-    lines = [
-        f"**Engine overhead** ({r['mode']} mode, {r['topology']} on {r['model']}, {r['tasks']} problems at once, "
-        f"<= {r['max_tokens']} tokens a call, {r['when']}): the same greedy requests sent straight to the "
-        "backend wave by wave, against the engine running the topology (ratio = raw time / engine time).",
-        "",
-        "| backend | engine tokens/s | raw backend tokens/s | ratio | same token counts |",
-        "|---|---|---|---|---|",
-    ]
+    parts = []
+    overhead = {kind: b for kind, b in r["backends"].items() if "overhead_ratio" in b}
+    if overhead:
+        lines = [
+            f"**Engine overhead** ({r['mode']} mode, {r['topology']} on {r['model']}, {r['tasks']} problems at "
+            f"once, <= {r['max_tokens']} tokens a call, {r['when']}): the same greedy requests sent straight to the "
+            "backend wave by wave, against the engine running the topology (ratio = raw time / engine time).",
+            "",
+            "| backend | engine tokens/s | raw backend tokens/s | ratio | same token counts |",
+            "|---|---|---|---|---|",
+        ]
+        for kind, b in overhead.items():
+            lines.append(
+                f"| {kind} | {b['engine_tokens_per_s']} | {b['raw_tokens_per_s']} | {b['overhead_ratio']:.2f} | "
+                f"{'yes' if b['same_token_counts'] else 'no'} |"
+            )
+        parts.append("\n".join(lines))
     for kind, b in r["backends"].items():
-        lines.append(
-            f"| {kind} | {b['engine_tokens_per_s']} | {b['raw_tokens_per_s']} | {b['overhead_ratio']:.2f} | "
-            f"{'yes' if b['same_token_counts'] else 'no'} |"
-        )
-    return "\n".join(lines)
+        decode, profile = b.get("decode"), b.get("profile")
+        if not decode and not profile:
+            continue
+        text = f"**Decode throughput** ({r['mode']} mode, {kind} backend, {r['model']}, {_where(r)}, {r['when']}):"
+        if decode:
+            text += (
+                f" not profiled, {decode['rows']} rows at once, prompts of {decode['prompt_lengths'][0]}-"
+                f"{decode['prompt_lengths'][1]} tokens, completions capped at {decode['max_tokens'][0]}-"
+                f"{decode['max_tokens'][1]} tokens, sampled with stop strings and end-of-sequence honoured "
+                f"({decode['finished_by_stop']} stopped by a string, {decode['finished_by_eos']} by "
+                f"end-of-sequence), {decode['decode']} decode: **{decode['tokens_per_s']:,.0f} completion "
+                f"tokens/s** ({decode['completion_tokens']:,} in {decode['wall_s']:.2f} s)."
+            )
+        if profile:
+            busy = (
+                f", the device busy {profile['device_busy']:.0%} of it" if profile.get("device_busy") else ""
+            )
+            text += (
+                f" Under torch.profiler, {r['tasks']} identical prompts decoded to {r['max_tokens']} tokens "
+                f"(`ignore_eos`): {profile['tokens_per_s']:,.0f} tokens/s, CPU {profile['cpu_s']:.2f} s and "
+                f"device {profile['device_s']:.2f} s in {profile['wall_s']:.2f} s{busy}."
+            )
+        parts.append(text)
+    return "\n\n".join(parts)
 
 
 def render_backends(r: dict) -> str:
@@ -145,19 +173,54 @@ def render_packing(r: dict) -> str:
     return "\n".join(lines)
 
 
+def _mfu(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
 def render_trainer(r: dict) -> str:
-    return "\n".join(
-        [
-            f"**Trainer step against TRL** ({r['mode']} mode, {r['model']}, {r['samples']} samples, "
-            f"{r['tokens']:,} tokens (TRL pads them to {r['padded_tokens_trl']:,}), mean of {r['steps']} steps after "
-            f"a warm-up, the two trainers alternating step by step, {r.get('dtype', 'float32')}, {_where(r)}, "
-            f"{r['when']}):",
-            "",
-            "| workbench step | `trl.GRPOTrainer` step | ratio (target <= 1.0) |",
-            "|---|---|---|",
-            f"| {r['workbench_step_s']:.2f} s | {r['trl_step_s']:.2f} s | {r['ratio']:.2f} |",
-        ]
+    steps = r.get("steps_done", r.get("steps"))
+    head = (
+        f"**Trainer step against TRL** ({r['mode']} mode, {r['model']}, {r['samples']} samples, "
+        f"{r['tokens']:,} tokens (TRL pads them to {r['padded_tokens_trl']:,}), mean of {steps} steps after "
+        f"a warm-up, the trainers taking turns step by step, {r.get('dtype', 'float32')}, {_where(r)}, "
+        f"{r['when']}):"
     )
+    if (
+        "trl_gradient_checkpointing" not in r
+    ):  # before issue 47: one TRL run, its checkpointing on (its default)
+        return "\n".join(
+            [
+                head,
+                "",
+                "| workbench step | `trl.GRPOTrainer` step (its default gradient checkpointing: on) | ratio |",
+                "|---|---|---|",
+                f"| {r['workbench_step_s']:.2f} s | {r['trl_step_s']:.2f} s | {r['ratio']:.2f} |",
+            ]
+        )
+    lines = [
+        head,
+        "",
+        "| trainer | gradient checkpointing | step | workbench step / this | MFU, computed tokens | MFU, logical tokens |",
+        "|---|---|---|---|---|---|",
+        f"| workbench | off | {r['workbench_step_s']:.2f} s | 1.00 | {_mfu(r.get('mfu_computed'))} | "
+        f"{_mfu(r.get('mfu_logical'))} |",
+    ]
+    for setting, step, ratio in (
+        ("off", "trl_step_s", "ratio"),
+        ("on", "trl_ckpt_step_s", "ratio_vs_trl_ckpt"),
+    ):
+        if step in r:
+            padded = r.get("trl_mfu_computed") if setting == "off" else None  # TRL computes its padding
+            computed = f"{_mfu(padded)} (padded batch)" if padded is not None else "-"
+            logical = _mfu(r.get("trl_mfu_logical")) if setting == "off" else "-"
+            lines.append(
+                f"| `trl.GRPOTrainer` | {setting} | {r[step]:.2f} s | {r[ratio]:.2f} | {computed} | {logical} |"
+            )
+    lines.append(
+        "\nThe headline ratio is against TRL with its checkpointing off, as the workbench runs here (target <= 1.0 "
+        "on a CPU, <= 0.5 on a GPU); TRL 1.16 turns it on by default, which costs it a recompute."
+    )
+    return "\n".join(lines)
 
 
 def _where(r: dict) -> str:
@@ -165,29 +228,79 @@ def _where(r: dict) -> str:
     return m["gpu"] if m.get("gpu") else f"{m['cpus']} CPUs"
 
 
+def versions(machine: dict) -> str:
+    """The libraries and drivers a result ran with, in a line ("" for results from before they were recorded)."""
+    v = machine.get("versions") or {}
+    names = [
+        ("torch", "torch"),
+        ("transformers", "transformers"),
+        ("trl", "trl"),
+        ("peft", "peft"),
+        ("vllm", "vLLM"),
+        ("cuda", "CUDA"),
+        ("cudnn", "cuDNN"),
+        ("driver", "driver"),
+    ]
+    return ", ".join(f"{label} {v[key]}" for key, label in names if v.get(key))
+
+
 def render_precision(r: dict) -> str:
     lora = ", LoRA per role on the frozen base" if r.get("lora") else ", full fine-tuning"
+    gpu = r["device"] != "cpu"  # MFU needs a chip's peak: on a GPU only
+    columns = ["variant", "step", "trained tokens/s"]
+    columns += ["peak GPU memory" if gpu else "peak memory (the process's RSS)", "tokens computed / logical"]
+    columns += ["MFU, computed tokens", "MFU, logical tokens"] if gpu else []
+    columns += ["attention path (layer calls)"]
     lines = [
         f"**Trainer precision and memory** ({r['mode']} mode, {r['model']}{lora}, {r['samples']} samples, prompts "
         f"~{r['prompt_tokens_median']} and completions ~{r['completion_tokens_median']} tokens, token budget "
-        f"{r['token_budget']:,}, {r['device']}, {_where(r)}, {r['when']}):",
+        f"{r['token_budget']:,}, {r['device']}, {_where(r)}, {r['when']}"
+        + ("" if r.get("complete", True) else "; cut short, the variants measured so far")
+        + "):",
         "",
-        "| variant | step | trained tokens/s | "
-        + ("peak memory (the process's RSS) |" if r["device"] == "cpu" else "peak GPU memory |")
-        + " MFU |",
-        "|---|---|---|---|---|",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
     ]
     for name, v in r["variants"].items():
         if "error" in v:
             reason = v["error"].strip().splitlines()[-1][:100] if v["error"].strip() else "failed"
-            lines.append(f"| {name} | failed: {reason} | | | |")
+            lines.append(f"| {name} | failed: {reason} |" + " |" * (len(columns) - 2))
             continue
-        mfu = f"{v['mfu']:.1%}" if v.get("mfu") is not None else "-"
-        lines.append(
-            f"| {name} | {v['step_s']:.3f} s | {v['tokens_per_s']:,.0f} | {v['peak_memory_gb']:.2f} GB | {mfu} |"
-        )
+        cells = [name, f"{v['step_s']:.3f} s", f"{v['tokens_per_s']:,.0f}", f"{v['peak_memory_gb']:.2f} GB"]
+        cells.append(f"{v['tokens_computed']:,} / {v['tokens']:,}" if "tokens_computed" in v else "-")
+        if gpu:  # before issue 47 "mfu" was MFU on the logical tokens
+            cells += [_mfu(v.get("mfu_computed")), _mfu(v.get("mfu_logical", v.get("mfu")))]
+        cells.append(", ".join(f"{k} x{n}" for k, n in (v.get("attention_paths") or {}).items()) or "-")
+        lines.append("| " + " | ".join(cells) + " |")
     if r.get("ratios"):
         lines.append("\nRatios: " + ", ".join(f"{k} {v:.2f}" for k, v in r["ratios"].items()) + ".")
+    for name, v in r["variants"].items():
+        profile = v.get("profile") if "error" not in v else None
+        if profile:
+            busy = (
+                f", the device busy {profile['device_busy']:.0%} of the wall"
+                if profile.get("device_busy")
+                else ""
+            )
+            kernels = "; attention kernels: " + ", ".join(
+                f"`{k[:60]}` {t * 1e3:.1f} ms" for k, t in (profile.get("attention_kernels") or {}).items()
+            )
+            lines.append(
+                f"\nOne {name} step profiled: wall {profile['wall_s']:.2f} s, CPU {profile['cpu_s']:.2f} s, device "
+                f"{profile['device_s']:.2f} s{busy}, {profile['operators']:,} operators"
+                + (kernels if profile.get("attention_kernels") else "")
+                + "."
+            )
+    kernels = r.get("varlen_vs_padded")
+    if kernels:
+        lines.append(
+            f"\nAttention paths compared on one packed micro-batch: failed, {kernels['error']}"
+            if "error" in kernels
+            else f"\nAttention paths compared on one packed micro-batch ({kernels['tokens']:,} tokens, "
+            f"{kernels['shared_tokens']:,} shared): the device's own ({kernels['default_path']}) against the padded "
+            f"sdpa path, log-probs within {kernels['max_logprob_difference']:.1e}, gradient norms within "
+            f"{kernels['grad_norm_rel_diff']:.1e} (relative)."
+        )
     same = r.get("cpu_vs_device_fp32")
     if same:
         lines.append(
@@ -353,11 +466,11 @@ def load_results(folder: Path) -> tuple[dict[str, dict], dict[str, Any] | None]:
     suite_path = folder / "suite.json"
     suite = json.loads(suite_path.read_text()) if suite_path.is_file() else None
     results: dict[str, dict] = {}
-    if suite is not None:
+    if suite is not None:  # a run cut short by its time budget ("partial") keeps what it measured
         results = {
             name: r
             for name, r in suite["benchmarks"].items()
-            if suite.get("status", {}).get(name, "ok") == "ok"
+            if suite.get("status", {}).get(name, "ok") in ("ok", "partial")
         }
     for path in sorted(folder.glob("*.json")):
         if path.name == "suite.json":
@@ -399,9 +512,15 @@ def render_folder(folder: Path) -> str:
         m = suite["machine"]
         on = f"{m['cpus']} CPUs" + (f", {m['gpu']}" if m.get("gpu") else "")
         others = sorted(set(results) - set(suite["benchmarks"]))
+        cut = [n for n, status in suite.get("status", {}).items() if status == "partial"]
+        skipped = [n for n, status in suite.get("status", {}).items() if status == "skipped"]
         parts.append(
             f"Suite run of {suite['when']} ({suite['mode']} mode, profile {suite['profile']}, {on})"
-            + (f"; {', '.join(others)} from their own latest run." if others else ".")
+            + (f"; {', '.join(others)} from their own latest run" if others else "")
+            + (f"; cut short by their time budget, figures so far: {', '.join(cut)}" if cut else "")
+            + (f"; not run: {', '.join(skipped)}" if skipped else "")
+            + "."
+            + (f" Versions: {versions(m)}." if versions(m) else "")
         )
     table = headline_table(results)
     if table:

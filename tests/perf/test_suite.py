@@ -26,7 +26,18 @@ NEEDS_VLLM = [name for name, b in suite.BENCHMARKS.items() if "vllm" in b.needs]
 # the GPU script's rehearsal (tests/perf/test_gpu_check.py) runs bench_precision, bench_train_step,
 # bench_data_parallel, bench_trainer and bench_engine already (and checks them); tests/test_cluster.py runs the
 # schedulers on Ray
-LEFT_OUT = [*NEEDS_VLLM, "precision", "train_step", "data_parallel", "trainer", "engine", "schedulers_ray"]
+# launches and meta: tests/perf/test_launches.py checks the same things, without the suite's process
+LEFT_OUT = [
+    *NEEDS_VLLM,
+    "precision",
+    "train_step",
+    "data_parallel",
+    "trainer",
+    "engine",
+    "schedulers_ray",
+    "launches",
+    "meta",
+]
 PACKING_TIMED = ("packed", "packed_blocks", "padded_sorted", "padded_unsorted")
 
 
@@ -244,11 +255,13 @@ def test_profiles_pass_only_options_the_benchmarks_accept(profile, quick):
         assert models == {
             "precision@full-small": "qwen2.5-0.5b",
             "precision@full-mid": "qwen2.5-1.5b",
+            "precision@full-small-more": "qwen2.5-0.5b",
             "precision@lora-big": "qwen2.5-7b",
             "trainer": "qwen2.5-0.5b",
             "train_step": "qwen2.5-0.5b",
             "data_parallel": "qwen2.5-0.5b",
-            "engine": "qwen2.5-0.5b",
+            "engine@decode": "qwen2.5-0.5b",
+            "engine@overhead": "qwen2.5-0.5b",
             "backends": "Qwen/Qwen2.5-0.5B-Instruct",
             "schedulers": "Qwen/Qwen2.5-0.5B-Instruct",
         }

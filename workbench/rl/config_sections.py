@@ -181,5 +181,11 @@ class OptimConfig(OptimSection):
     share_prefixes: bool = True  # with block_attention: a prompt shared by several samples is computed once
     compute_dtype: str = "float32"  # bfloat16: forward/backward under autocast, fp32 weights and AdamW state
     gradient_checkpointing: bool = False  # recompute each layer's activations in the backward pass
+    compute_weights: bool | None = _f(
+        None,
+        "bfloat16 only: the forward reads bf16 copies of the linear layers' fp32 weights, made once per optimizer "
+        "step, instead of autocast casting every weight in every micro-batch (gradients still accumulate into "
+        "the fp32 master weights; workbench.rl.compute_weights). None: on CUDA only.",
+    )
     seed: int = 0
     loss: LossConfig = field(default_factory=LossConfig)

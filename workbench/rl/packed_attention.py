@@ -12,21 +12,37 @@ describes that once per micro-batch, on the host, before the forward:
 Each segment's attention is causal aligned to the bottom right: query ``i`` of a segment of ``q`` queries
 and ``k`` keys sees keys ``0 .. k - q + i`` (its shared context, then its own tokens up to itself).
 
-:func:`packed_attention` runs a layer's attention from that layout by one of three paths
-(:func:`attention_path`):
+:func:`packed_attention` runs a layer's attention from that layout by one of three paths. Which one is a
+pure function of the device type, the query/key/value dtypes and the autocast dtype (:func:`attention_path`):
 
-- ``varlen``, on CUDA in half precision: ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention's
-  variable-length kernel, torch >= 2.10), one call a layer, no padding, nothing masked out computed;
-- ``padded``, elsewhere on a GPU (fp32): one ``scaled_dot_product_attention`` over the segments gathered into
-  a padded ``[segments, heads, longest, head_dim]`` batch with the bottom-right causal mask, scattered back
-  to the row (the padded batch's indices and mask are built on first use and kept for the other layers);
+- ``varlen``, on CUDA when the attention computes in half precision: under fp16/bf16 autocast (a trained
+  model: fp32 master weights, whose rotary embedding hands attention fp32 query and key beside a bf16 value),
+  or with query, key and value all in one half dtype (a frozen bf16 copy: the KL reference, a LoRA base).
+  ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention's variable-length kernel; torch 2.11 on the GPU
+  image, 2.13 pinned here), one call a layer, no padding, nothing masked out computed. It is a custom op
+  that autocast does not cast and that takes one dtype for query, key and value, so they are cast here
+  first: to the autocast dtype when autocast is on for their device, else to the half dtype they share. Its
+  output stays in that dtype, what sdpa under autocast returns to the layer's output projection. Grouped
+  key/value heads go in as they are: torch 2.11 groups them implicitly, 2.13 is told ``enable_gqa``.
+- ``padded``, elsewhere on CUDA (full precision, a head over 256, a torch without the kernel): one
+  ``scaled_dot_product_attention`` over the segments gathered into a padded ``[segments, heads, longest,
+  head_dim]`` batch with the bottom-right causal mask, scattered back to the row (the padded batch's indices
+  and mask are built on first use and kept for the other layers);
 - ``loop``, on a CPU: sdpa segment by segment from the layout's host-side spans. A CPU has no kernel
   launches to save, and this path computes no padding (the padded batch costs segments x longest^2).
 
-None of them reads anything back from the device per layer. ``tests/test_packed_kernels.py`` checks the three
-against attention computed segment by segment in float64 (varlen only where a GPU runs it),
-``tests/test_packing.py`` whole models against one-sample-at-a-time forwards, and ``tests/perf/gpu_check.sh``
-the varlen kernel against the padded path on a GPU.
+None of them reads anything back from the device per layer. Every path counts each call it actually ran
+(:func:`kernel_counts`, :func:`counting_paths`): benchmarks and tests read which kernel ran rather than which
+one was meant to, and :func:`forced_path` makes every call take one path, to compare them.
+
+On a CPU the varlen branch runs against :func:`varlen_attn_standin`, sdpa segment by segment behind the exact
+signature of torch 2.11's ``varlen_attn``, installed with :func:`varlen_on_cpu` (which also lets CPU tensors
+count as on CUDA for the path choice). ``tests/test_packed_kernels.py`` checks the three paths against
+attention computed segment by segment in float64 (varlen through the stand-in), ``tests/test_packing.py``
+whole models, each path against one-sample-at-a-time forwards, in fp32 and under bf16 autocast, with and
+without gradient checkpointing; the real kernel's tests stay the ground truth: ``tests/perf/gpu_check.sh``
+compares it with the padded path on a GPU (``bench_precision --compare-kernels``, which fails when both of its
+runs took the same path).
 """
 
 from __future__ import annotations
@@ -34,7 +50,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,7 +135,9 @@ class RowLayout:
             starts_q, starts_k = self.cu_q[:-1].long(), self.cu_k[:-1].long()
             lengths_q = self.cu_q[1:].long() - starts_q
             lengths_k = self.cu_k[1:].long() - starts_k
-            total_q, total_k = int(self.cu_q[-1]), int(self.cu_k[-1])
+            # the row's and the keys' lengths from the host-side spans: no read of cu_q/cu_k back from the device
+            total_q = self.spans[-1][-1][1] if self.spans else int(self.cu_q[-1])
+            total_k = sum(y - x for path in self.spans for x, y in path) if self.spans else int(self.cu_k[-1])
             i = torch.arange(self.max_q, device=device)
             j = torch.arange(self.max_k, device=device)
             valid_q = i[None] < lengths_q[:, None]
@@ -129,7 +148,9 @@ class RowLayout:
             visible = (j[None, None, :] <= i[None, :, None] + offset) & valid_k[:, None, :]
             visible &= valid_q[:, :, None]
             visible |= ~valid_q[:, :, None]  # padded queries see everything: no all-masked softmax rows
-            segment = torch.repeat_interleave(torch.arange(self.segments, device=device), lengths_q)
+            segment = torch.repeat_interleave(
+                torch.arange(self.segments, device=device), lengths_q, output_size=total_q
+            )
             back = segment * self.max_q + (torch.arange(total_q, device=device) - starts_q[segment])
             self._padded = (q_rows, k_rows, visible[:, None], back)
         return self._padded  # type: ignore[return-value]
@@ -150,22 +171,103 @@ def _first_positions(path: list[tuple[int, int]], n: int) -> list[tuple[int, int
     return out
 
 
+# --- the varlen kernel ------------------------------------------------------------------------------
+
+HALF = (torch.float16, torch.bfloat16)
+MAX_VARLEN_HEAD_DIM = 256  # FlashAttention's largest head size
+
+
+def _bind(kernel: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``kernel`` (a ``varlen_attn``) with bottom-right causal masking bound in the way its signature takes it
+    (``window_size=(-1, 0)`` in torch 2.11 and 2.13, ``is_causal`` in its first release), and ``enable_gqa``
+    where it has one (torch 2.13 refuses grouped key/value heads without it; 2.11 has no such parameter and
+    groups them implicitly)."""
+    parameters = inspect.signature(kernel).parameters
+    bound: dict[str, Any] = {"window_size": (-1, 0)} if "window_size" in parameters else {"is_causal": True}
+    if "enable_gqa" in parameters:
+        bound["enable_gqa"] = True
+    return functools.partial(kernel, **bound)
+
+
 @functools.cache
-def _varlen() -> Any:
+def _varlen() -> Callable[..., torch.Tensor] | None:
     """torch's variable-length attention with causal masking bound, or None where this torch lacks it."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None
-    parameters = inspect.signature(varlen_attn).parameters
-    causal = {"window_size": (-1, 0)} if "window_size" in parameters else {"is_causal": True}
-    if "enable_gqa" in parameters:
-        causal["enable_gqa"] = True
-    return functools.partial(varlen_attn, **causal)
+    return _bind(varlen_attn)
 
+
+_STANDIN: Callable[..., torch.Tensor] | None = None  # a kernel in the varlen slot (varlen_on_cpu), bound
+_FAKE_CUDA = False  # inside varlen_on_cpu: CPU tensors count as on CUDA for the path choice
+
+
+def _varlen_kernel() -> Callable[..., torch.Tensor] | None:
+    return _STANDIN if _STANDIN is not None else _varlen()
+
+
+# --- which path -------------------------------------------------------------------------------------
 
 PATHS = ("varlen", "padded", "loop")
 _FORCED: str | None = None
+
+
+def compute_dtype(
+    q_dtype: torch.dtype, k_dtype: torch.dtype, v_dtype: torch.dtype, autocast_dtype: torch.dtype | None
+) -> torch.dtype | None:
+    """The half dtype attention computes in: the autocast dtype when autocast (fp16/bf16) is on, else the
+    half dtype query, key and value share; None when it computes in full precision."""
+    if autocast_dtype in HALF:
+        return autocast_dtype
+    if q_dtype == k_dtype == v_dtype and q_dtype in HALF:
+        return q_dtype
+    return None
+
+
+def attention_path(
+    device_type: str,
+    q_dtype: torch.dtype,
+    k_dtype: torch.dtype,
+    v_dtype: torch.dtype,
+    autocast_dtype: torch.dtype | None,
+    head_dim: int,
+    *,
+    has_varlen: bool = True,
+) -> str:
+    """The path :func:`packed_attention` takes, from these alone: ``varlen`` on CUDA when attention computes
+    in half precision (:func:`compute_dtype`: under fp16/bf16 autocast whatever the dtypes reaching it, or
+    all three in one half dtype), the head fits the kernel and this torch has it (``has_varlen``);
+    ``padded`` elsewhere on CUDA (one launch); ``loop`` on any other device (no launches to save, no padding
+    computed). ``autocast_dtype``: None when autocast is off for that device."""
+    if device_type != "cuda":
+        return "loop"
+    half = compute_dtype(q_dtype, k_dtype, v_dtype, autocast_dtype) is not None
+    return "varlen" if half and has_varlen and head_dim <= MAX_VARLEN_HEAD_DIM else "padded"
+
+
+def _autocast_dtype(device_type: str) -> torch.dtype | None:
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
+def _device_type(tensor: torch.Tensor) -> str:
+    kind = tensor.device.type
+    return "cuda" if _FAKE_CUDA and kind == "cpu" else kind
+
+
+def path_for(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> str:
+    """The path :func:`packed_attention` takes for these tensors here and now: the forced one inside
+    :func:`forced_path`, else :func:`attention_path` of their device, dtypes and the autocast state of their
+    device."""
+    if _FORCED is not None:
+        return _FORCED
+    kind, autocast = _device_type(query), _autocast_dtype(query.device.type)
+    path = attention_path(kind, query.dtype, key.dtype, value.dtype, autocast, query.shape[-1])
+    if path == "varlen" and _varlen_kernel() is None:  # looked up only when wanted: it imports torch._dynamo
+        path = attention_path(
+            kind, query.dtype, key.dtype, value.dtype, autocast, query.shape[-1], has_varlen=False
+        )
+    return path
 
 
 @contextlib.contextmanager
@@ -181,16 +283,146 @@ def forced_path(name: str) -> Iterator[None]:
         _FORCED = before
 
 
-def attention_path(query: torch.Tensor) -> str:
-    """The path :func:`packed_attention` takes for ``query``: ``varlen`` on CUDA in half precision (where this
-    torch has the kernel), ``padded`` elsewhere on a GPU (one launch), ``loop`` on a CPU (no launches to save,
-    and no padding computed)."""
-    if _FORCED is not None:
-        return _FORCED
-    if not query.is_cuda:
-        return "loop"
-    half = query.dtype in (torch.float16, torch.bfloat16)
-    return "varlen" if half and query.shape[-1] <= 256 and _varlen() is not None else "padded"
+# --- which path ran ---------------------------------------------------------------------------------
+
+_TOTAL: Counter[str] = Counter()
+_COUNTING: list[Counter[str]] = []
+
+
+def _ran(path: str) -> None:
+    _TOTAL[path] += 1
+    for counts in _COUNTING:
+        counts[path] += 1
+
+
+def kernel_counts() -> Counter[str]:
+    """Calls of each path that actually ran in this process so far, from every thread (a copy)."""
+    return Counter(_TOTAL)
+
+
+@contextlib.contextmanager
+def counting_paths() -> Iterator[Counter[str]]:
+    """Yields a Counter of the paths :func:`packed_attention` runs inside (one count a layer call; a
+    checkpointed layer's recompute in the backward pass counts again; calls from other threads count too).
+    Nests."""
+    counts: Counter[str] = Counter()
+    _COUNTING.append(counts)
+    try:
+        yield counts
+    finally:
+        # by identity: an equal Counter (two empty ones) is not this one
+        _COUNTING[:] = [c for c in _COUNTING if c is not counts]
+
+
+# --- the CPU stand-in -------------------------------------------------------------------------------
+
+
+def varlen_attn_standin(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seq_q: torch.Tensor,
+    cu_seq_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    *,
+    return_aux: Any = None,
+    scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+) -> torch.Tensor:
+    """``torch.nn.attention.varlen.varlen_attn`` of torch 2.11 on any device: sdpa segment by segment.
+
+    The signature is torch 2.11.0's (parameter names, order, kinds and defaults), the GPU image's torch, read
+    from ``torch/nn/attention/varlen.py`` in the PyPI wheel ``torch-2.11.0-cp311-cp311-manylinux_2_28_x86_64``
+    (2.11.0+cu130). ``tests/test_packed_kernels.py`` holds it as text, checks this function against it, and
+    checks that the installed torch's ``varlen_attn`` takes every parameter of it the same way. torch 2.13
+    (this project's pin) has the same parameters, then ``enable_gqa=False``, ``seqused_k``, ``block_table``
+    and ``num_splits``, and refuses fewer key/value heads than query heads unless ``enable_gqa``; 2.11 has no
+    ``enable_gqa`` and hands grouped heads to FlashAttention, which groups them (implicit GQA, as here).
+
+    Semantics, as the kernel's: ``query [Tq, H, D]``, ``key``/``value [Tk, Hkv, D]`` (H a multiple of Hkv);
+    segment ``s``'s queries ``cu_seq_q[s]:cu_seq_q[s + 1]`` attend to keys ``cu_seq_k[s]:cu_seq_k[s + 1]``;
+    ``window_size=(left, right)``, aligned to the bottom right (``(-1, -1)`` full attention, ``(-1, 0)``
+    causal: query ``i`` of a segment of ``q`` queries and ``k`` keys sees keys up to ``k - q + i``); a query
+    that sees no key gets zeros. Computed in the dtype given (autocast off inside), returned in it. Like the
+    kernel it refuses query, key and value of different dtypes and bounds that are not int32, so a missing
+    cast fails here as it would on the GPU; unlike it, it also takes fp32 and fp64 (the real kernel only fp16
+    and bf16), so whole-model comparisons can check the varlen path's plumbing in fp32. It reads the bounds
+    on the host and does not return the log-sum-exp (``return_aux``). The real kernel's tests on a GPU
+    (``tests/perf/gpu_check.sh``) stay the ground truth.
+    """
+    if return_aux is not None and getattr(return_aux, "lse", False):
+        raise NotImplementedError("the varlen stand-in does not return the log-sum-exp")
+    if not query.dtype == key.dtype == value.dtype:
+        raise RuntimeError(
+            "varlen_attn: query, key and value must have the same dtype, got "
+            f"{query.dtype}, {key.dtype} and {value.dtype} (autocast does not cast this custom op)"
+        )
+    if cu_seq_q.dtype != torch.int32 or cu_seq_k.dtype != torch.int32:
+        raise RuntimeError("varlen_attn: cu_seq_q and cu_seq_k must have dtype int32")
+    if query.dim() != 3 or key.dim() != 3 or key.shape != value.shape or query.shape[2] != key.shape[2]:
+        raise RuntimeError(
+            f"varlen_attn: query [Tq, H, D] and key, value [Tk, Hkv, D] expected, got "
+            f"{list(query.shape)}, {list(key.shape)} and {list(value.shape)}"
+        )
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if heads % kv_heads:
+        raise RuntimeError(f"varlen_attn: {kv_heads} key/value heads do not divide {heads} query heads")
+    bounds_q, bounds_k = cu_seq_q.tolist(), cu_seq_k.tolist()
+    if len(bounds_q) != len(bounds_k) or bounds_q[-1] != query.shape[0] or bounds_k[-1] != key.shape[0]:
+        raise RuntimeError("varlen_attn: cu_seq_q and cu_seq_k must bound the same segments of query and key")
+    left, right = window_size
+    pieces = []
+    with torch.autocast(query.device.type, enabled=False):
+        for (a, b), (c, d) in zip(
+            zip(bounds_q[:-1], bounds_q[1:], strict=True),
+            zip(bounds_k[:-1], bounds_k[1:], strict=True),
+            strict=True,
+        ):
+            n_q, n_k = b - a, d - c
+            if n_q > max_q or n_k > max_k:
+                raise RuntimeError(
+                    f"varlen_attn: a segment of {n_q} queries, {n_k} keys exceeds max_q, max_k"
+                )
+            if n_q == 0:
+                continue
+            i = torch.arange(n_q, device=query.device)[:, None] + (n_k - n_q)  # bottom-right alignment
+            j = torch.arange(n_k, device=query.device)[None, :]
+            visible = torch.ones(n_q, n_k, dtype=torch.bool, device=query.device)
+            if right >= 0:
+                visible &= j <= i + right
+            if left >= 0:
+                visible &= j >= i - left
+            sees = visible.any(-1, keepdim=True)  # [n_q, 1]
+            out = torch.nn.functional.scaled_dot_product_attention(
+                query[a:b].transpose(0, 1),
+                key[c:d].transpose(0, 1),
+                value[c:d].transpose(0, 1),
+                attn_mask=visible | ~sees,  # a query that sees nothing attends to all, then gets zeros
+                scale=scale,
+                enable_gqa=heads != kv_heads,
+            ).transpose(0, 1)
+            pieces.append(torch.where(sees[:, :, None], out, out.new_zeros(())))
+    if not pieces:
+        return query.new_zeros(query.shape)
+    return torch.cat(pieces)
+
+
+@contextlib.contextmanager
+def varlen_on_cpu(kernel: Callable[..., torch.Tensor] = varlen_attn_standin) -> Iterator[None]:
+    """Inside, ``kernel`` (a function with ``varlen_attn``'s signature; default the stand-in) sits in the
+    varlen slot, bound as torch's own would be, and tensors on the CPU count as on CUDA for the path choice:
+    the GPU branch of :func:`packed_attention` (dtypes, casts, the kernel call) runs on a CPU. For tests."""
+    global _STANDIN, _FAKE_CUDA
+    before = _STANDIN, _FAKE_CUDA
+    _STANDIN, _FAKE_CUDA = _bind(kernel), True
+    try:
+        yield
+    finally:
+        _STANDIN, _FAKE_CUDA = before
+
+
+# --- the attention ----------------------------------------------------------------------------------
 
 
 def packed_attention(
@@ -201,29 +433,40 @@ def packed_attention(
     scale: float | None = None,
 ) -> torch.Tensor:
     """Attention of one packed row: ``query [1, H, T, D]``, ``key``/``value [1, Hkv, T, D]`` (transformers'
-    layout, after the rotary embedding) -> ``[1, T, H, D]``, each segment attending as ``layout`` says."""
-    path = attention_path(query)
+    layout, after the rotary embedding) -> ``[1, T, H, D]``, each segment attending as ``layout`` says.
+    The path is :func:`path_for`'s; the varlen path returns the dtype it computed in."""
+    path = path_for(query, key, value)
     if path == "loop":
-        return _looped_attention(query, key, value, layout, scale)
+        out = _looped_attention(query, key, value, layout, scale)
+        _ran(path)
+        return out
     q = query[0].transpose(0, 1)  # [T, H, D]
     k = key[0].transpose(0, 1)
     v = value[0].transpose(0, 1)
-    if layout.kv_index is not None:  # each segment's keys: its shared context, then its own
+    if path == "varlen":
+        kernel = _varlen_kernel()
+        if kernel is None:
+            raise RuntimeError("the varlen path needs torch.nn.attention.varlen (torch >= 2.10)")
+        # the kernel takes one dtype and autocast does not cast it: cast here (module docstring)
+        dtype = compute_dtype(q.dtype, k.dtype, v.dtype, _autocast_dtype(query.device.type))
+        dtype = dtype or torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+        contiguous = torch.contiguous_format
+        q = q.to(dtype=dtype, memory_format=contiguous)
+        if layout.kv_index is not None:  # each segment's keys: its shared context, then its own
+            k = k.to(dtype).index_select(0, layout.kv_index)
+            v = v.to(dtype).index_select(0, layout.kv_index)
+        else:
+            k = k.to(dtype=dtype, memory_format=contiguous)
+            v = v.to(dtype=dtype, memory_format=contiguous)
+        out = kernel(q, k, v, layout.cu_q, layout.cu_k, layout.max_q, layout.max_k, scale=scale)
+        _ran(path)
+        return out.unsqueeze(0)
+    if layout.kv_index is not None:
         k = k.index_select(0, layout.kv_index)
         v = v.index_select(0, layout.kv_index)
-    if path == "varlen":
-        out = _varlen()(
-            q.contiguous(),
-            k.contiguous(),
-            v.contiguous(),
-            layout.cu_q,
-            layout.cu_k,
-            layout.max_q,
-            layout.max_k,
-            scale=scale,
-        )
-        return out.unsqueeze(0)
-    return _padded_attention(q, k, v, layout, scale).unsqueeze(0)
+    out = _padded_attention(q, k, v, layout, scale).unsqueeze(0)
+    _ran(path)
+    return out
 
 
 def _looped_attention(

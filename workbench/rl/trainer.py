@@ -5,6 +5,10 @@ is packed into padding-free micro-batches by token budget, one role at a time so
 the gradient can be measured (the signal that one role dominates a shared policy). Policies map to
 models: every policy on one shared model, or a model per policy. Given a ``Shard``, the trainer is one
 rank of a data-parallel group (``workbench.rl.data_parallel``) and trains on its share of each mini-batch.
+
+On a GPU the host never waits for the device inside a step: losses, statistics and gradient norms are summed
+on the device and read once at its end, AdamW's step counts (the warm-up's) are kept on the host, and
+per-sample log-probs are split by lengths the host knows (``tests/test_sync_audit.py`` counts the syncs).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 import torch
 
 from workbench.models.placement import DTYPES, Placement
+from workbench.rl.compute_weights import forward_scope, make_compute_weights
 from workbench.rl.config_sections import OptimConfig
 from workbench.rl.data_parallel import Shard
 from workbench.rl.loss import LossTerms, policy_loss
@@ -46,7 +51,10 @@ class PolicyTrainer:
         ref_model: Any = None,
         activate: Any = None,
         shard: Shard | None = None,
+        fused: bool | None = None,
     ):
+        """``fused``: AdamW's single-kernel implementation (``torch.optim.AdamW(fused=True)``, which CPUs have
+        too); None: on CUDA only, torch's default elsewhere."""
         self.models = models
         self.shard = shard or Shard()  # this trainer's rank in a data-parallel group
         # switches a policy's adapter on before its forward pass (LoRA policies); default: look it up
@@ -74,20 +82,30 @@ class PolicyTrainer:
             betas=(config.beta1, config.beta2),
             eps=config.eps,
             weight_decay=config.weight_decay,
-            fused=self.placement.device.type == "cuda" or None,  # one kernel for all parameters on a GPU
+            # one kernel for all parameters on a GPU
+            fused=(self.placement.device.type == "cuda" or None) if fused is None else fused,
         )
         self.updates = 0
+        # bf16 copies of the trained weights for the forward, refreshed once per optimizer step (issue 47)
+        self.compute_weights = make_compute_weights(
+            config.compute_weights, trained_models, self.placement.device, self.placement.dtype
+        )
+        # AdamW's step counter of each parameter, kept on the host (AdamW's own live on the device when fused):
+        # read from the optimizer's state once, on first use and after every ``load_state_dict``
+        self._steps: list[int] | None = None
+        self.optimizer.register_load_state_dict_post_hook(self._forget_steps)
 
     # ------------------------------------------------------------------ public
 
     def learning_rate(self) -> float:
         """The rate of the next optimizer step: ``learning_rate`` after a linear warm-up over ``warmup_steps``.
 
-        Steps are counted in AdamW's own state, so a run resumed from a checkpoint (or a trainer rank given
-        the group's state) continues the warm-up where it stopped.
+        Steps taken are AdamW's own count (the most steps any parameter has taken), so a run resumed from a
+        checkpoint (or a trainer rank given the group's state) continues the warm-up where it stopped. The
+        count is kept on the host: AdamW's state is read once after it is loaded, never per optimizer step.
         """
         cfg = self.config
-        taken = max((float(s["step"]) for s in self.optimizer.state.values() if "step" in s), default=0.0)
+        taken = max(self._optimizer_steps(), default=0)
         return cfg.learning_rate * min(1.0, (taken + 1) / (cfg.warmup_steps + 1))
 
     def step(self, samples: Sequence[Sample], step_index: int = 0) -> dict[str, Any]:
@@ -121,10 +139,11 @@ class PolicyTrainer:
         for chosen in batches:
             norms += self._update(trained, chosen, old, ref, sums, role_sq)
             metrics["optimizer_steps"] += 1
-        summed = sums.cpu()
-        self.shard.sum_([summed])
-        totals = dict(zip(_SUMMED, summed.tolist(), strict=True))
-        totals["grad_norm"] = float(norms)
+        self.shard.sum_([sums])
+        # the step's one read from the device: the sums, the gradient norm and each role's squared norm
+        read = torch.cat([sums, norms.reshape(1), *(v.reshape(1) for v in role_sq.values())]).tolist()
+        totals = dict(zip(_SUMMED, read, strict=False))
+        totals["grad_norm"] = read[len(_SUMMED)]
         metrics["time/update_s"] = time.perf_counter() - started
         tokens = max(totals["tokens"], 1.0)
         metrics.update(
@@ -142,7 +161,7 @@ class PolicyTrainer:
                 "trained_tokens": totals["tokens"],
             }
         )
-        norms = {role: math.sqrt(float(v)) for role, v in role_sq.items()}
+        norms = {role: math.sqrt(v) for role, v in zip(role_sq, read[len(_SUMMED) + 1 :], strict=True)}
         total = sum(norms.values())
         metrics["per_role"] = {
             role: {"grad_norm": norm, "grad_share": norm / total if total else 0.0}
@@ -158,6 +177,18 @@ class PolicyTrainer:
     @property
     def _sharing(self) -> bool:
         return self.config.block_attention and self.config.share_prefixes
+
+    def _forget_steps(self, optimizer: torch.optim.Optimizer) -> None:
+        self._steps = None  # a state was loaded: read its step counters again
+
+    def _optimizer_steps(self) -> list[int]:
+        """AdamW's step count of each parameter (0 for one it has not stepped), kept on the host."""
+        if self._steps is None:
+            state = self.optimizer.state
+            self._steps = [
+                int(state[p]["step"]) if "step" in state.get(p, {}) else 0 for p in self.parameters
+            ]
+        return self._steps
 
     def _needs_old(self, samples: Sequence[Sample]) -> bool:
         """The trainer's own pre-update log-probs are needed unless the single update is on-policy."""
@@ -178,7 +209,11 @@ class PolicyTrainer:
         return self._score(samples, indices, lambda s: self.ref_model)
 
     def _score(self, samples: Sequence[Sample], indices: list[int], model_of: Any) -> list[torch.Tensor]:
-        """Per-token log-probs of ``samples[i] for i in indices`` (the other entries are left empty)."""
+        """Per-token log-probs of ``samples[i] for i in indices`` (the other entries are left empty).
+
+        A micro-batch's log-probs come in sample order, each sample's completion in turn: they are split by
+        the completion lengths (known on the host), never selected sample by sample with a mask (a sync each).
+        """
         out: list[torch.Tensor] = [torch.empty(0)] * len(samples)
         for micro in self._plan(samples, indices):
             batch = collate(samples, micro, share_prefixes=self._sharing).to(self.placement.device)
@@ -186,8 +221,9 @@ class PolicyTrainer:
             model.eval()
             with self.placement.autocast():
                 logps, _ = token_logprobs(model, batch, self.config.temperature)
-            for j, i in enumerate(micro):
-                out[i] = logps[batch.sample_index == j].detach()
+            lengths = [len(samples[i].completion_ids) for i in micro]
+            for i, part in zip(micro, logps.detach().split(lengths), strict=True):
+                out[i] = part
         return out
 
     def _plan(self, samples: Sequence[Sample], indices: list[int]) -> list[list[int]]:
@@ -228,14 +264,17 @@ class PolicyTrainer:
         measure = cfg.measure_role_gradients and len(roles) > 1
         mine = self.shard.mine(chosen)
         self.optimizer.zero_grad(set_to_none=True)
+        if self.compute_weights is not None:  # issue 47: this optimizer step's bf16 weights
+            self.compute_weights.refresh()
         gathered: list[torch.Tensor] | None = None  # the mini-batch's gradient, summed over roles and ranks
-        touched = torch.zeros(len(self.parameters), dtype=torch.float64)
+        touched = [False] * len(self.parameters)  # whether a parameter has a gradient (host values, no reads)
         for role in roles if measure else [None]:
             for micro in self._plan(trained, [i for i in mine if role is None or trained[i].role == role]):
                 batch = collate(trained, micro, share_prefixes=self._sharing).to(self.placement.device)
                 model = self.activate(trained[micro[0]].policy)
                 model.train()
-                with self.placement.autocast():  # backward runs outside, in the dtypes autocast chose
+                # backward runs outside, in the dtypes autocast chose (and into the compute weights' masters)
+                with self.placement.autocast(), forward_scope(self.compute_weights):
                     logps, entropy = token_logprobs(model, batch, cfg.temperature, with_entropy=True)
                 terms = self._terms(micro, batch, logps, entropy, old, ref, denominator)
                 terms.loss.backward()
@@ -245,7 +284,7 @@ class PolicyTrainer:
             # over the ranks
             part = []
             for k, p in enumerate(self.parameters):
-                touched[k] = max(touched[k], float(p.grad is not None))
+                touched[k] = touched[k] or p.grad is not None
                 part.append(p.grad if p.grad is not None else torch.zeros_like(p))
                 p.grad = None
             self.shard.sum_(part)
@@ -257,15 +296,21 @@ class PolicyTrainer:
                 gathered = part
             else:
                 torch._foreach_add_(gathered, part)
-        self.shard.sum_([touched])
+        if self.shard.size > 1:  # a parameter any rank touched
+            flags = torch.tensor(touched, dtype=torch.float64)
+            self.shard.sum_([flags])
+            touched = [f > 0 for f in flags.tolist()]
         for k, p in enumerate(self.parameters):  # AdamW leaves a parameter with no gradient alone
-            p.grad = gathered[k] if touched[k] > 0 else None
+            p.grad = gathered[k] if touched[k] else None
         limit = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
         norm = torch.nn.utils.clip_grad_norm_(self.parameters, limit)
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate()
+        steps = self._optimizer_steps()  # read before the step: a fresh optimizer's state is still empty
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        for k, was in enumerate(touched):  # AdamW counts a step for each parameter it updated
+            steps[k] += was
         self.updates += 1
         return norm.detach().to(torch.float64)
 
