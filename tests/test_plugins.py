@@ -369,3 +369,132 @@ def test_an_entry_this_process_cannot_load_is_left_out_with_a_warning(tmp_path, 
     assert done.returncode == 0, done.stderr.decode()
     assert "verifier 'local_only' of this run cannot be loaded here" in done.stderr.decode()
     assert "local_only" not in done.stdout.decode()
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    """A policy that answers "12" to everything (the tiny model's tokenizer): no model to load."""
+    from transformers import AutoTokenizer
+
+    from tests.scripted import ScriptedBackend
+    from workbench.models import resolve
+
+    return ScriptedBackend(AutoTokenizer.from_pretrained(resolve("tiny")), lambda prompt: "12")
+
+
+def _foreground_rollout(tmp_path, backend):
+    """A foreground rollout of ``SPEC`` (the notebook's tool kind and verifier) in this process: one task."""
+    tasks = wb.generate_tasks("arithmetic", n=1, seed=3, level=1)
+    return wb.rollout(from_dict(SPEC), tasks, backend=backend, model="tiny", runs_dir=tmp_path / "runs")
+
+
+def _first_call(run_dir) -> int:
+    return int(wb.RunReader(run_dir).calls(columns=["role"])["id"].iloc[0])
+
+
+def test_a_foreground_rollout_keeps_the_notebooks_plugins_for_its_replays(
+    notebook_plugins, scripted, tmp_path
+):
+    """``wb.rollout`` in the kernel stores the cell's code as a background run does: a process that never ran
+    the cell (a restarted kernel) replays the run; without its code, the refusal names the plugins and says
+    how to register them, and doing what it says works."""
+    run_dir = _foreground_rollout(tmp_path, scripted).run_dir
+    assert (run_dir / plugins.PLUGINS_FILE).is_file()
+    _forget_notebook_plugins()
+    replayed = wb.replay(run_dir, _first_call(run_dir), n=1, arms=["resample"], backend=scripted)
+    assert replayed.arms["resample"][0].calls[0].rewards["reward"] == 1.0  # the cell's verifier: "12" is even
+    _forget_notebook_plugins()
+    (run_dir / plugins.PLUGINS_FILE).unlink()  # a run stored before foreground rollouts kept their code
+    with pytest.raises(TopologyError) as refused:
+        wb.replay(run_dir, _first_call(run_dir), n=1, arms=["resample"], backend=scripted)
+    message = str(refused.value)
+    assert "unknown verifier 'length_is_even'" in message and "tool kind 'calculator'" in message
+    assert "it keeps no code for them" in message and f"plugins.save('{run_dir}')" in message
+    exec(compile(CELL, "<notebook cell>", "exec"), {"__name__": "__notebook__"})  # noqa: S102 - the cell again
+    plugins.save(run_dir)  # what the refusal says: the run keeps them from now on
+    _forget_notebook_plugins()
+    assert wb.replay(run_dir, _first_call(run_dir), n=1, arms=["resample"], backend=scripted).arms["resample"]
+
+
+def _post_replay(runs_dir, run_id: str, body: dict) -> tuple[int, dict]:
+    """``POST /api/runs/<run_id>/replay`` to the dashboard's operator API (no users file: the local operator)."""
+    import asyncio
+    import json
+
+    from tornado.httpclient import AsyncHTTPClient
+    from tornado.httpserver import HTTPServer
+    from tornado.testing import bind_unused_port
+    from tornado.web import Application
+
+    from widgets.server.operator_api import operator_routes
+
+    async def post() -> tuple[int, dict]:
+        sock, port = bind_unused_port()
+        server = HTTPServer(Application(operator_routes(runs_dir, None)))
+        server.add_sockets([sock])
+        client = AsyncHTTPClient(force_instance=True)
+        try:
+            response = await client.fetch(
+                f"http://127.0.0.1:{port}/api/runs/{run_id}/replay",
+                method="POST",
+                body=json.dumps(body),
+                headers={"Content-Type": "application/json"},
+                raise_error=False,
+                request_timeout=120,
+            )
+        finally:
+            client.close()
+            server.stop()
+        return response.code, json.loads(response.body)
+
+    return asyncio.run(post())
+
+
+def test_the_dashboard_replays_a_runs_plugins_in_their_own_processes_never_in_its_own_registry(
+    notebook_plugins, scripted, tmp_path, monkeypatch
+):
+    """A served dashboard replays a run whose spec names a notebook's plugins; its registries stay as they were,
+    so a later replay of a run that keeps no code for those names is refused (400), as a fresh server
+    refuses it, and never scored with the first run's code. (The replay's own process, which loads the run's
+    code and scores with it, runs in ``test_a_background_run_and_its_resume_...``; here its launch is only
+    recorded.)"""
+    import cloudpickle
+
+    from workbench import training
+
+    launched = []
+
+    def launch(run_dir, work):
+        launched.append((run_dir, work))
+        return training.BackgroundRun(run_dir)
+
+    monkeypatch.setattr(training, "launch", launch)
+    with_code = _foreground_rollout(tmp_path, scripted).run_dir
+    without_code = _foreground_rollout(tmp_path, scripted).run_dir
+    (without_code / plugins.PLUGINS_FILE).unlink()  # the same names, none of their code
+    _forget_notebook_plugins()  # the server never ran the notebook's cell
+    before = {kind: dict(registry) for kind, registry in plugins.registries().items()}
+
+    call = _first_call(with_code)
+    status, answer = _post_replay(tmp_path / "runs", with_code.name, {"call_id": call, "n": 1})
+    assert status == 200 and answer["status"] == "created", answer  # the server writes for it until it runs
+    assert plugins.registries() == before, "the run's plugins were loaded into the server"
+    ((replay_dir, work),) = launched
+    assert replay_dir.name == answer["run"] and work.__name__ == "replay_here"  # in a process of its own
+    carried = cloudpickle.loads((replay_dir / plugins.PLUGINS_FILE).read_bytes())  # what that process loads
+    assert "calculator" in carried["tool kinds"] and "length_is_even" in carried["verifiers"]
+
+    call = _first_call(without_code)
+    status, answer = _post_replay(tmp_path / "runs", without_code.name, {"call_id": call, "n": 1})
+    assert status == 400, answer
+    error = answer["error"]
+    assert error.startswith("TopologyError: ") and "unknown verifier 'length_is_even'" in error
+    assert "it keeps no code for them" in error
+    assert plugins.registries() == before
+    runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert runs == sorted([with_code.name, without_code.name, replay_dir.name]), (
+        "a refused replay makes no run"
+    )
+    assert len(launched) == 1
+    # its Graph tab draws the run from its spec alone: no plugin need be known to the server
+    assert set(wb.graph_signals(with_code, 0).roles) == {"solver"}

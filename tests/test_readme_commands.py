@@ -172,6 +172,7 @@ CHECKS: dict[str, Check] = {
     "workbench topology list": _expect("marsrl_cpu", "mars_cpu", "debate"),
     "workbench topology show": _files("my_topology.yaml"),
     "workbench topology validate": _expect("ok: 'marsrl_cpu' has 3 roles and 3 flow nodes"),
+    "workbench topology diagram": _files("my_topology.svg"),
     "workbench topology schema": _schema,
     "workbench tasks generate": _tasks,
     "workbench rollout": _expect("stored in ", "solver", "verifier1"),

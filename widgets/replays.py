@@ -7,10 +7,18 @@ JSON API of the served dashboard (``widgets.server.operator_api``), each of whic
 Each replay is a process of its own with the model loaded, so this process runs at most
 ``MAX_ACTIVE_REPLAYS`` at once, whoever asks (``TooManyReplays`` past it); a request that cannot be replayed
 raises one of ``REPLAY_ERRORS`` saying what is wrong.
+
+A run's code never runs in the server: the replay's checks (which load the source run's plugins, its tool kinds
+and verifiers, to read its topology) and the creation of its run happen in a process of their own, forked from
+a clean process that has the workbench imported (multiprocessing's fork server, started at the first replay),
+and the replay itself in another (``wb.replay(..., background=True)``'s). The server's registries stay as they
+were, so a later replay of a run that stores no code for the names its spec uses is refused, as a fresh server
+refuses it, and never scored with another run's code.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 from pathlib import Path
 from typing import Any
@@ -21,6 +29,13 @@ from workbench.store.errors import StoreError
 MAX_REPLAY_N = 64
 #: The most replays this server runs at once (each a process with its model loaded).
 MAX_ACTIVE_REPLAYS = 2
+#: How long a replay's checks may take in their own process (reading the store, loading the run's plugins).
+CHECK_TIMEOUT_S = 120.0
+#: What the checks import, loaded once into the fork server their processes are forked from (only their
+#: speed depends on this list: a module left out is imported by each check).
+CHECK_MODULES = ["widgets.replays", "workbench.analysis.replay", "workbench.engine.spec_checks",
+                 "workbench.rl.policies", "workbench.rl.run_files", "workbench.store", "workbench.tools",
+                 "pandas"]  # fmt: skip
 #: What a replay request may fail of, answered as a 400 (or shown in the page) rather than raised.
 REPLAY_ERRORS = (ValueError, TypeError, LookupError, OverflowError, OSError, StoreError)
 
@@ -88,8 +103,9 @@ def start_replay(run_dir: Path, call_id: Any, n: Any = 8, policy: Any = None) ->
 
 
 def _launch_replay(run_dir: Path, call_id: Any, n: Any, policy: Any) -> Any:
-    from workbench.analysis.replay import replay
-    from workbench.store import RunReader
+    from workbench.analysis.replay import replay_here
+    from workbench.store import RunReader, RunStore
+    from workbench.training import launch
 
     call_id, n = _whole_number(call_id, "call_id"), _whole_number(n, "n")
     if not 1 <= n <= MAX_REPLAY_N:
@@ -99,4 +115,81 @@ def _launch_replay(run_dir: Path, call_id: Any, n: Any, policy: Any) -> Any:
     if row.empty:
         raise ValueError(f"run {Path(run_dir).name} has no call {call_id}")
     policies = _checkpoint_plays(run_dir, policy, call_id, row.iloc[0]["role"], row.iloc[0]["policy"])
-    return replay(run_dir, call_id, n=n, policies=policies, runs_dir=Path(run_dir).parent, background=True)
+    replay_dir = _created_apart(Path(run_dir), call_id, n, policies)
+    # its maker has exited: this server writes for the run (still "created", not "interrupted") until the
+    # replay's process opens it, as when the server made it
+    RunStore.open(replay_dir).close()
+    return launch(replay_dir, replay_here)
+
+
+def _created_apart(run_dir: Path, call_id: int, n: int, policies: dict | None) -> Path:
+    """Check the replay and create its run (status ``created``, beside the source run) in a process of its own,
+    where the source run's plugins are loaded; returns the replay run's directory, or raises the error the
+    checks raised there (one of ``REPLAY_ERRORS`` for a request that cannot be replayed)."""
+    context = _checks_context()
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(
+        target=_create_replay_run,
+        args=(send, str(run_dir), call_id, n, policies),
+        name=f"workbench-replay-check-{run_dir.name}",
+    )
+    process.start()
+    send.close()  # only the child's end is left open: its exit ends the wait
+    try:
+        if not receive.poll(CHECK_TIMEOUT_S):
+            raise RuntimeError(
+                f"the checks of the replay of call {call_id} took over {CHECK_TIMEOUT_S:.0f} s"
+            )
+        outcome = receive.recv()
+    except EOFError:
+        outcome = None
+    finally:
+        receive.close()
+        process.join(5)
+        if process.is_alive():
+            process.kill()
+            process.join()
+    if outcome is None:
+        raise RuntimeError(f"the checks of the replay of call {call_id} ended (exit code {process.exitcode})")
+    if outcome[0] == "created":
+        return Path(outcome[1])
+    _, kind, args = outcome
+    raise kind.__new__(kind, *args)  # the checks' own error again: its type and args (no constructor runs)
+
+
+def _checks_context() -> Any:
+    """Fork server where there is one (the checks start in a fraction of a second once it runs), else spawn."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(CHECK_MODULES)  # read when the fork server starts
+    return context
+
+
+def _create_replay_run(send: Any, run_dir: str, call_id: int, n: int, policies: dict | None) -> None:
+    """The checks' process: plan the replay (loading the source run's plugins here), create its run, and send
+    back ``("created", replay_dir)`` or ``("refused", error type, error args)``."""
+    try:
+        from workbench.analysis.replay import create_runs, plan_replay
+
+        plan = plan_replay(run_dir, call_id, n, policies=policies)
+        plan.check_named()
+        (replay_dir,) = create_runs([plan], Path(run_dir).parent)
+        outcome: tuple = ("created", str(replay_dir))
+    except Exception as error:  # noqa: BLE001 - sent back to the server, which raises it
+        outcome = ("refused", *_travelling(error))
+    send.send(outcome)
+    send.close()
+
+
+def _travelling(error: Exception) -> tuple[type, tuple]:
+    """``error``'s type and args as the server may load them: a type of Python's or the workbench's (loading
+    another could import a run's plugin module into the server), with plain args. Another type travels as the
+    built-in error it is (a ``ValueError``, ...) or a ``RuntimeError``, its message naming what was raised."""
+    kind = type(error)
+    plain = all(isinstance(arg, str | int | float | bool | None) for arg in error.args)
+    if kind.__module__ == "builtins" or kind.__module__.startswith("workbench."):
+        return kind, error.args if plain else (str(error),)
+    built_in = [b for b in REPLAY_ERRORS if b.__module__ == "builtins"]
+    base = next((b for b in (*built_in, Exception) if isinstance(error, b)), Exception)
+    return (RuntimeError if base is Exception else base), (f"{kind.__name__}: {error}",)

@@ -4,11 +4,14 @@ The stored calls become the engine's ``CallRecord``s again (exact token ids, own
 texts), which ``workbench.engine.forcing`` answers the replay's prefix from. The task comes from the
 caller, the run's ``tasks.jsonl`` (every ``wb.rollout`` and background run keeps one), or a training
 run's config (its tasks are generated from a seed). The run's plugins (its config's plugin modules and its
-``plugins.pkl``) are loaded before its topology is read, as training and resume load them.
+``plugins.pkl``) are loaded before its topology is read, as training and resume load them; a spec naming one
+that neither holds (a run stored before foreground rollouts kept their code) is refused naming each unknown
+plugin and how to register it.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,10 @@ from workbench.store import RunReader
 from workbench.store.codec import from_cell, int_from_cell
 from workbench.store.records import CallFields, CallRecord
 from workbench.tasks import Task
-from workbench.topology import Topology
+from workbench.topology import Topology, TopologyError
+
+#: A spec's problem naming something a plugin registers that this process does not know.
+_UNKNOWN_PLUGIN = re.compile(r"unknown (tool kind|verifier|parser|post-processor|judge prompt) '([^']*)'")
 
 
 @dataclass
@@ -109,7 +115,7 @@ def load_source(run_dir: str | Path, call_id: int, tasks: list[Task] | None = No
         reward=float(episode["reward"] or 0.0),
         calls=records,
         call_ids=call_ids,
-        topology=run_topology(Path(info["run_dir"]), config),
+        topology=_replayed_topology(Path(info["run_dir"]), config),
         task=_task(Path(info["run_dir"]), config, str(episode["task_id"]), tasks),
     )
 
@@ -137,17 +143,57 @@ def load_plugins(run_dir: Path, config: dict[str, Any]) -> None:
     """Make the run's plugins available here, as its training and resume do: the plugin modules its config
     names (a training run's ``train_config.yaml``, which a resume may have changed), then its ``plugins.pkl``."""
     from workbench.engine import plugins
+
+    plugins.load(run_dir, _plugin_modules(run_dir, config))
+
+
+def _plugin_modules(run_dir: Path, config: dict[str, Any]) -> list[str]:
     from workbench.rl.run_files import CONFIG_FILE, run_config
 
     modules = run_config(run_dir).plugins if (run_dir / CONFIG_FILE).exists() else config.get("plugins")
-    plugins.load(run_dir, modules or ())
+    return list(modules or ())
 
 
-def run_topology(run_dir: Path, config: dict[str, Any]) -> Topology:
-    """The spec the run ran: stored in its config (a rollout), beside it (a training run), or by name."""
-    from workbench.engine.spec_checks import from_dict, load
+def _replayed_topology(run_dir: Path, config: dict[str, Any]) -> Topology:
+    """:func:`run_topology`, its plugins loaded; a spec naming plugins this process still does not know is
+    refused naming them and saying how to register them."""
+    try:
+        return run_topology(run_dir, config)
+    except TopologyError as error:
+        missing = [f"{m[1]} '{m[2]}'" for p in error.problems if (m := _UNKNOWN_PLUGIN.search(p.message))]
+        if not missing:
+            raise
+        error.args = (f"{error}\n{_plugins_hint(run_dir, config, missing)}",)
+        raise
+
+
+def _plugins_hint(run_dir: Path, config: dict[str, Any], missing: list[str]) -> str:
+    """How to make ``missing`` (the run's plugins this process does not know) known to its replays."""
+    from workbench.engine.plugins import PLUGINS_FILE
+
+    kept = [PLUGINS_FILE] if (run_dir / PLUGINS_FILE).exists() else []
+    kept += [f"plugin module {name}" for name in _plugin_modules(run_dir, config)]
+    stored = (
+        f"what it keeps ({', '.join(kept)}) does not define them" if kept else "it keeps no code for them"
+    )
+    return (
+        f"the run names plugins unknown here ({', '.join(missing)}) and {stored}. Register them first (run the "
+        "notebook cells that define them, or import their module), then replay from that process (wb.replay), "
+        "or store them with the run for every later replay, the dashboard's too: "
+        f"workbench.engine.plugins.save('{run_dir}')"
+    )
+
+
+def run_topology(run_dir: Path, config: dict[str, Any], registries: bool = True) -> Topology:
+    """The spec the run ran: stored in its config (a rollout), beside it (a training run), or by name. With
+    ``registries=False`` only the spec's own checks run: drawing it needs none of the tool kinds, verifiers and
+    parsers it names registered here (a run's plugins are loaded only where it runs or replays)."""
+    from workbench.engine import spec_checks
     from workbench.rl.policies import per_role_policies
     from workbench.rl.run_files import TOPOLOGY_FILE
+    from workbench.topology import io
+
+    from_dict, load = (spec_checks.from_dict, spec_checks.load) if registries else (io.from_dict, io.load)
 
     spec = config.get("topology")
     if not spec and not (run_dir / TOPOLOGY_FILE).exists():

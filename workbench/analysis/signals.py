@@ -103,7 +103,7 @@ def _topology(reader: RunReader) -> Topology:
         config["topology"] = info.get("topology")
     if not config["topology"]:
         raise ValueError(f"the run in {info['run_dir']} names no topology")
-    return run_topology(Path(info["run_dir"]), config)
+    return run_topology(Path(info["run_dir"]), config, registries=False)  # drawn: no plugin need be known
 
 
 def _nodes_by_role(topology: Topology) -> dict[str, str]:
