@@ -131,3 +131,27 @@ def test_the_static_decode_refuses_an_attention_that_cannot_read_its_mask():
         HFBackend(model, tokenizer, decode="static")
     # auto: dynamic on a CPU (and for eager anywhere)
     assert HFBackend(model, tokenizer).decode_mode == "dynamic"
+
+
+def test_the_static_decode_of_a_trained_fp32_model_under_bf16_autocast_writes_its_cache():
+    """A trainer's fp32 master weights decoded with bf16 compute (the GPU's training rollouts): under
+    autocast the rotary keys come out fp32 and the values bf16, and the static cache takes both."""
+    import time
+
+    from workbench.backends.base import GenerationRequest
+    from workbench.backends.hf import HFBackend
+    from workbench.models import load
+    from workbench.models.placement import Placement
+
+    model, tokenizer = load("tiny")
+    bf16 = Placement(torch.device("cpu"), torch.bfloat16)
+    prompt = tokenizer("1+2=")["input_ids"]
+    rows = [GenerationRequest(prompt_ids=prompt, max_tokens=8, temperature=0.0, ignore_eos=True)]
+    decoded = {}
+    for mode in ("static", "dynamic"):
+        backend = HFBackend(model, tokenizer, placement=bf16, decode=mode)
+        (generation,) = backend._generate_rows(rows, time.perf_counter())[0]
+        decoded[mode] = generation
+    static, dynamic = decoded["static"], decoded["dynamic"]
+    assert len(static.completion_ids) == 8 and all(lp <= 0 for lp in static.logprobs)
+    assert static.completion_ids[:2] == dynamic.completion_ids[:2]  # bf16 rounding may part them later

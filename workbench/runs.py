@@ -158,15 +158,13 @@ def rollout(
     try:
         with storage_errors(store.run_dir / TASKS_FILE):
             save_jsonl(tasks, store.run_dir / TASKS_FILE)  # for a background process and for replays
+        with storage_errors(store.run_dir / plugins.PLUGINS_FILE):
+            plugins.save(store.run_dir)  # the notebook's own tool kinds and verifiers: its process, replays
     except BaseException:
         store.close()
         raise
     if background:
-        try:
-            with storage_errors(store.run_dir / plugins.PLUGINS_FILE):
-                plugins.save(store.run_dir)  # the notebook's own tool kinds and verifiers, for the process
-        finally:
-            store.close()
+        store.close()
         return launch(store.run_dir, rollout_here)
     seed_calls = seed if per_call_seeds else None
     return _roll_out(

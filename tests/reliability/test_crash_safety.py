@@ -98,18 +98,26 @@ def _kill_at_random_point(
     in its start-up (a random delay), a random fraction of a step after it stored a random number of steps
     (mostly a rollout or an update), or a few milliseconds into one of its step writes or checkpoint writes
     (short windows a random delay seldom hits).
+
+    A random delay never decides alone: each is cut short by a step boundary the store shows (a step's write
+    beginning) after which the run still has a step to go, so on a loaded machine, where a step may take
+    less time than the test's own wake-up, the kill still lands before the run ends.
     """
     started, since = time.monotonic(), time.time()
-    remaining = STEPS - _resume_point(run_dir)
+    first = _resume_point(run_dir)
+    remaining = STEPS - first
     mode = rng.choices(["start-up", "steps", "step write", "checkpoint"], weights=[2, 5, 2, 2])[0]
     if remaining < 4 or mode == "start-up":
-        # imports, loading the model, opening the store, discarding steps after the checkpoint (and at the
-        # latest when the first step is stored: a run resumed near its end may have only two to go)
-        _wait(process, lambda: _steps_logged(log, offset) >= 1, rng.uniform(0.0, 4.0))
+        # imports, loading the model, opening the store, discarding steps after the checkpoint; at the latest
+        # when the first step's write begins (a run resumed near its end may have only two steps to go)
+        _wait(process, lambda: _step_started(run_dir, since) >= first, rng.uniform(0.0, 4.0), poll=0.005)
     elif mode == "steps":
         target = rng.randint(1, remaining - 2)
         _wait(process, lambda: _steps_logged(log, offset) >= target)
-        time.sleep(rng.uniform(0.0, 1.0) * _step_seconds(log))
+        # a random fraction of a step later, at the latest when the next step's write begins (it is at most
+        # the run's last but one: one step is left)
+        delay = rng.uniform(0.0, 1.0) * _step_seconds(log)
+        _wait(process, lambda: _step_started(run_dir, since) >= first + target, delay, poll=0.005)
     else:
         seen = _step_writing if mode == "step write" else _checkpoint_writing
 
@@ -137,6 +145,17 @@ def _wait(
             return True
         time.sleep(poll)
     return False
+
+
+def _step_started(run_dir: Path, since: float) -> int:
+    """The latest step whose write a process started at ``since`` began (complete or not); -1 before any."""
+    try:
+        with wb.RunReader(run_dir) as reader:
+            found = reader.sql("SELECT MAX(step) AS step FROM steps WHERE started_at >= ?", [since])["step"]
+    except Exception:  # noqa: BLE001 - the database may not be initialised yet
+        return -1
+    step = found.iloc[0] if len(found) else None
+    return -1 if step is None or step != step else int(step)
 
 
 def _step_writing(run_dir: Path, since: float) -> int | None:

@@ -5,7 +5,9 @@ and decoded together in one left-padded batch per sampling setting (temperature,
 each row keeps its own ``max_tokens``, stop strings, ``ignore_eos`` and seed, so different agents'
 requests share a batch. A request's seed seeds a generator of its own (its ``k``-th sample's: seed + k),
 so a seeded request draws the same tokens whatever else shares its batch (up to the float noise of a
-different batch shape). The decode loop (``workbench.backends.hf_decode``) drops rows
+different batch shape). A scheduler that must know which weights each of its rollout batches decodes with
+(the async one) holds trained weights back (``hold_weights``) and applies them itself, in the order they
+came, between two of its batches (``apply_held``). The decode loop (``workbench.backends.hf_decode``) drops rows
 from the batch as they finish; log-probs are those of the raw model distribution for the sampled
 tokens (as vLLM reports by default).
 """
@@ -77,6 +79,7 @@ class HFBackend:
         self._weights_lock = threading.Lock()  # held while a batch decodes
         self._pending_lock = threading.Lock()
         self._pending: tuple[dict[str, Any], int] | None = None  # weights waiting for the next batch
+        self._held: list[tuple[dict[str, Any], int]] | None = None  # held back for ``apply_held`` (in order)
         self._queue: list[tuple[GenerationRequest, asyncio.Future]] = []
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
@@ -126,12 +129,31 @@ class HFBackend:
         right before the next batch (never during one); the caller does not wait for a batch to end."""
         snapshot = {name: tensor.detach().clone() for name, tensor in state.items()}
         with self._pending_lock:
+            if self._held is not None:  # the scheduler applies it (``apply_held``)
+                self._held.append((snapshot, policy_version))
+                return
             self._pending = (snapshot, policy_version)
         if self._weights_lock.acquire(blocking=False):
             try:
                 self._apply_pending()
             finally:
                 self._weights_lock.release()
+
+    def hold_weights(self) -> None:
+        """From now on keep the weights ``load_state`` is handed until ``apply_held`` asks for them."""
+        with self._pending_lock:
+            if self._held is None:
+                self._held = []
+
+    def apply_held(self, count: int = 1) -> None:
+        """Apply the next ``count`` held weight updates (those there are), oldest first, between two decode
+        batches (it waits for one that is decoding)."""
+        with self._weights_lock, self._pending_lock:
+            held = self._held or []
+            for state, version in held[:count]:
+                self.model.load_state_dict(state, strict=False)
+                self.policy_version = version
+            del held[:count]
 
     def _apply_pending(self) -> None:
         with self._pending_lock:

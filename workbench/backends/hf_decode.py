@@ -108,7 +108,11 @@ def _prefill(
     The prefix every prompt shares (a few-shot transcript, a system prompt: at least ``SHARED_PREFIX_MIN``
     tokens, and never a whole prompt) is run once and its cache copied to every row; each row's own rest
     follows, left-padded after the prefix (``[prefix][pads][rest]``, positions counting real tokens only)."""
-    prompts = [ids[m.bool()].tolist() for ids, m in zip(input_ids, mask, strict=True)]
+    # two reads of the batch, not one masked selection a row
+    prompts = [
+        [t for t, m in zip(ids, row_mask, strict=True) if m]
+        for ids, row_mask in zip(input_ids.tolist(), mask.tolist(), strict=True)
+    ]
     shared = _common_prefix(prompts) if len(prompts) > 1 else 0
     shared = min(shared, min(len(p) for p in prompts) - 1)
     if shared < SHARED_PREFIX_MIN:

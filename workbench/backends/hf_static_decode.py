@@ -15,12 +15,23 @@ launched from Python, so the GPU waits for the CPU (1.7k tokens/s at batch 64 on
   shares its batch and a graph needs no generator state; rows without a seed get one from torch's global
   generator. (The dynamic decode draws from a generator per row instead: a seed gives the same tokens on
   every run of one decode path, not across the two.)
-- the host reads one small tensor a step (the new tokens and their log-probs) to check ends and stop strings;
-  when few enough rows are left, the live ones move to the front and the next smaller bucket's graph runs.
+- **the host does not wait for every step**: each step writes its tokens and their log-probs into a device
+  buffer at the column it wrote, and the host reads the steps since its last read in one copy every
+  ``check_every`` steps (default 8), or sooner when a live row reaches its ``max_tokens`` (known on the host),
+  and nothing is read in between: the steps' launches queue up on the device. The host then checks ends
+  (limits, end-of-sequence, stop strings: ``hf_decode.Done``, token by token, so a row ends exactly where it
+  did when the host read every step); when few enough rows are left, the live ones move to the front and the
+  next smaller bucket's graph runs.
 
-Rows that finished keep being computed until their batch moves to a smaller bucket (their results are
-dropped). On a CPU the same code runs without capture (``capture=False``): ``tests/test_backends.py`` checks
-it against the dynamic decode there; ``tests/perf/gpu_check.sh`` measures it on a GPU.
+Rows that finished keep being computed until the next read, and after it until their batch moves to a smaller
+bucket (their tokens are dropped). Every row ends at the token it ended at when the host read every step, and
+where rows end at their limits the batch shrinks at the same steps, so ids and log-probs are the same bit for
+bit. A row that ends at end-of-sequence or a stop string may shrink the batch a few steps later than before;
+the other rows' products, computed in the larger batch's shape meanwhile, may round differently in their last
+bit (``tests/test_sync_audit.py`` compares reading every 1, 3 and 8 steps on such batches: identical there,
+and it counts the reads). On a CPU the same code runs without capture (``capture=False``):
+``tests/test_backends.py`` checks it against the dynamic decode there; ``tests/perf/gpu_check.sh`` measures
+it on a GPU.
 """
 
 from __future__ import annotations
@@ -35,6 +46,8 @@ from workbench.backends.hf_decode import Done, prefill, scores_for
 
 #: Batch-size buckets are powers of two up to the backend's ``max_batch``; cache lengths round up to this.
 LENGTH_STEP = 256
+#: Decode steps between two reads of the drawn tokens by the host (``StaticDecoder(check_every=)``).
+CHECK_EVERY = 8
 _MASK64 = (1 << 64) - 1
 
 
@@ -85,8 +98,11 @@ class _StaticKV:
     def update(
         self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple:
-        self.keys[layer_idx].index_copy_(2, self.column, key)
-        self.values[layer_idx].index_copy_(2, self.column, value)
+        # in the buffers' dtype: under autocast a trained model's rotary keys come out fp32 and its values in
+        # the compute dtype, and the prefill's cache (which made the buffers) need not match a step's
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        keys.index_copy_(2, self.column, key.to(keys.dtype))
+        values.index_copy_(2, self.column, value.to(values.dtype))
         return self.keys[layer_idx], self.values[layer_idx]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -105,7 +121,9 @@ class _Buffers:
     positions: torch.Tensor  # [rows] its position id
     seeds: torch.Tensor  # [rows] int64
     column: torch.Tensor  # [1] int64: the cache column this step writes
-    drawn: torch.Tensor  # [2, rows] float64: the step's tokens and their log-probs (what the host reads)
+    # [2, length, rows] float64: each step's tokens and their log-probs, at the column the step wrote (the
+    # first token's at the prompt's last column): what the host reads, every few steps
+    drawn: torch.Tensor
     graphs: dict[tuple, Any] = field(default_factory=dict)
 
     @property
@@ -129,16 +147,20 @@ class StaticDecoder:
 
     Keeps its buffers and captured graphs between batches; they are rebuilt when a batch needs more rows or
     cache columns than they hold. ``capture``: record each bucket's step as a CUDA graph (CUDA only; default:
-    on CUDA)."""
+    on CUDA). ``check_every``: decode steps between two reads of the drawn tokens by the host."""
 
-    def __init__(self, model: Any, max_batch: int, capture: bool | None = None):
+    def __init__(
+        self, model: Any, max_batch: int, capture: bool | None = None, check_every: int = CHECK_EVERY
+    ):
+        if check_every < 1:
+            raise ValueError(f"check_every must be a positive number of decode steps, got {check_every!r}")
         implementation = getattr(model.config, "_attn_implementation", None)
         if implementation not in STATIC_ATTENTION:
             raise ValueError(
                 f"the static decode reads a boolean mask, which attention {implementation!r} does not: use one of "
                 f"{', '.join(STATIC_ATTENTION)}, or decode='dynamic'"
             )
-        self.model, self.max_batch = model, max_batch
+        self.model, self.max_batch, self.check_every = model, max_batch, check_every
         self.device = model.get_input_embeddings().weight.device
         self.capture = self.device.type == "cuda" if capture is None else capture
         if self.capture and self.device.type != "cuda":
@@ -166,7 +188,9 @@ class StaticDecoder:
         width = mask.shape[1]
         length = width + max(r.max_tokens for r in rows)
         buffers = self._buffers(_bucket(n, self.max_batch) if n <= self.max_batch else n, length, cache)
-        row_seeds = [int(torch.randint(0, 2**62, ())) if s is None else int(s) for s in seeds]
+        missing = sum(s is None for s in seeds)  # drawn from torch's global generator, on the host
+        unseeded = iter(torch.randint(0, 2**62, (missing,)).tolist() if missing else [])
+        row_seeds = [next(unseeded) if s is None else int(s) for s in seeds]
         buffers.seeds[:n] = torch.tensor(row_seeds, dtype=torch.long, device=self.device)
         # the first token comes from the prefill's logits, its draw keyed to its position (the prompt's length)
         buffers.column.fill_(width)
@@ -180,18 +204,32 @@ class StaticDecoder:
         buffers.visible[:n, 0, 0, :width] = mask.bool()
         buffers.tokens[:n] = token
         buffers.positions[:n] = lengths
-        drawn = torch.stack([token.double(), chosen.double()]).tolist()
+        buffers.drawn[:, width - 1, :n] = torch.stack([token.double(), chosen.double()])
         ids: list[list[int]] = [[] for _ in rows]
         logprobs: list[list[float]] = [[] for _ in rows]
         done = Done(tokenizer, rows, eos_ids)
         active = list(range(n))  # the original row of each buffer row still decoding
         live = list(range(n))  # buffer rows of `active`
+        bucket = _bucket(n, buffers.rows)
+        column, unread = width, 1  # the host's copy of the next step's column; tokens drawn and not yet read
         while True:
+            # up to `check_every` tokens drawn between two reads, read as soon as a live row reaches its limit (so
+            # the batch shrinks at the step it did when the host read every step, and nothing runs past a limit)
+            least = min(rows[i].max_tokens - len(ids[i]) for i in active)
+            for _ in range(min(self.check_every, least) - unread):
+                self._step(buffers, bucket, first, adapter)
+                column, unread = column + 1, unread + 1
+            # the host's one read of these steps: rows that ended meanwhile were computed on, their tokens dropped
+            drawn_ids, drawn_logprobs = buffers.drawn[:, column - unread : column, :bucket].tolist()
+            unread = 0
             keep = []
             for j, i in zip(live, active, strict=True):
-                ids[i].append(int(drawn[0][j]))
-                logprobs[i].append(drawn[1][j])
-                if not done(i, ids[i]):
+                for step_ids, step_logprobs in zip(drawn_ids, drawn_logprobs, strict=True):
+                    ids[i].append(int(step_ids[j]))
+                    logprobs[i].append(step_logprobs[j])
+                    if done(i, ids[i]):
+                        break
+                else:
                     keep.append(j)
             if not keep:
                 return ids, logprobs
@@ -201,8 +239,6 @@ class StaticDecoder:
                 self._compact(buffers, keep)
                 keep = list(range(len(keep)))
             live = keep
-            self._step(buffers, bucket, first, adapter)
-            drawn = buffers.drawn[:, :bucket].tolist()
 
     # ------------------------------------------------------------------ internals
 
@@ -232,7 +268,7 @@ class StaticDecoder:
             positions=torch.zeros(rows, **long),
             seeds=torch.zeros(rows, **long),
             column=torch.zeros(1, **long),
-            drawn=torch.zeros(2, rows, dtype=torch.float64, device=self.device),
+            drawn=torch.zeros(2, length, rows, dtype=torch.float64, device=self.device),
         )
         return self.buffers
 
@@ -315,8 +351,8 @@ class StaticDecoder:
         ).logits[:, -1]
         token = sample(logits, request, uniform(buffers.seeds[:bucket], positions + 1))
         chosen = logits.float().log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
-        buffers.drawn[0, :bucket].copy_(token)
-        buffers.drawn[1, :bucket].copy_(chosen)
+        step = torch.stack([token.double(), chosen.double()])[:, None]
+        buffers.drawn[:, :, :bucket].index_copy_(1, buffers.column, step)
         buffers.tokens[:bucket].copy_(token)
         positions.add_(1)
         buffers.column.add_(1)

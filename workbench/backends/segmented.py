@@ -95,7 +95,11 @@ class SegmentedBackend(BackendWrapper):
             if ids and hooks is not None:
                 carried += await hooks.between_segments(carried)
             budget = min(self.segment_len, request.max_tokens - len(ids))
-            segment = dataclasses.replace(request, prompt_ids=prompt + tuple(ids), max_tokens=budget, n=1)
+            # a seeded request's later segments draw on from another seed, not the first segment's draws again
+            seed = None if request.seed is None else (request.seed + 1_000_003 * len(ids)) & 0x7FFF_FFFF
+            segment = dataclasses.replace(
+                request, prompt_ids=prompt + tuple(ids), max_tokens=budget, n=1, seed=seed
+            )
             (piece,) = await self.inner.generate(segment)
             starts.append(len(ids))
             versions.append(piece.policy_version)

@@ -161,6 +161,13 @@ class VLLMBackend:
         self._fingerprints: dict[str, tuple] = {}
         self._adapter_ids = itertools.count(1)
         lora = {"max_loras": max_loras, "max_lora_rank": max_lora_rank} if enable_lora else {}
+        if not cuda:
+            # A seeded request whose prefill is split over two engine steps makes the CPU build rewind the
+            # request's generator, which a CPU generator cannot ("CPU Generator does not use offset": the
+            # engine dies). Training seeds every request, so prompts are never split on a CPU: a step takes a
+            # prompt whole or leaves it for the next one.
+            engine_kwargs.setdefault("enable_chunked_prefill", False)
+            engine_kwargs.setdefault("max_num_batched_tokens", max(2048, max_model_len))
         args = AsyncEngineArgs(
             model=str(path),
             dtype=dtype or ("auto" if cuda else "float32"),

@@ -136,14 +136,17 @@ class RolloutPool:
         """The process id of each worker (tests kill them)."""
         return self.collect(self.submit(lambda worker, i: worker.pid.remote(), len(self.workers))).values
 
-    def rollout(self, tasks: list[Any], group_size: int) -> tuple[list[Any], dict[str, float]]:
-        """The episodes of ``tasks`` (``group_size`` each, in task order) and the step's cluster metrics."""
-        return self.finish_rollout(self.submit_rollout(tasks, group_size))
+    def rollout(
+        self, tasks: list[Any], group_size: int, step: int | None = None
+    ) -> tuple[list[Any], dict[str, float]]:
+        """The episodes of ``tasks`` (``group_size`` each, in task order) and the step's cluster metrics;
+        ``step``: the training step they belong to (their requests' seeds: the same whichever worker)."""
+        return self.finish_rollout(self.submit_rollout(tasks, group_size, step))
 
-    def submit_rollout(self, tasks: list[Any], group_size: int) -> Pending:
+    def submit_rollout(self, tasks: list[Any], group_size: int, step: int | None = None) -> Pending:
         """Send ``tasks`` to the workers, a shard each, without waiting; ``finish_rollout`` gathers them."""
         parts = shards(tasks, len(self.workers))
-        pending = self.submit(lambda worker, i: worker.rollout.remote(parts[i], group_size), len(parts))
+        pending = self.submit(lambda worker, i: worker.rollout.remote(parts[i], group_size, step), len(parts))
         pending.sizes = [len(p) for p in parts]
         return pending
 

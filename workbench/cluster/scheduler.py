@@ -54,7 +54,7 @@ class ClusterScheduler(OnPool):
 
     def rollout(self, step: int) -> StepRollout:
         started = time.perf_counter()
-        episodes, metrics = self.pool.rollout(self.batch_for(step), self.group_size)
+        episodes, metrics = self.pool.rollout(self.batch_for(step), self.group_size, step)
         return StepRollout(episodes, episodes, time.perf_counter() - started, metrics)
 
     def published(self, step: int) -> None:
@@ -87,7 +87,7 @@ class ClusterAsyncScheduler(OnPool):
         """Send every batch the bound allows once the update of step ``published`` is pushed."""
         while self.next_batch < self.last_step and admits(self.next_batch, published, self.max_staleness):
             tasks = self.batch_for(self.next_batch)
-            self.batches[self.next_batch] = self.pool.submit_rollout(tasks, self.group_size)
+            self.batches[self.next_batch] = self.pool.submit_rollout(tasks, self.group_size, self.next_batch)
             self.next_batch += 1
 
     def rollout(self, step: int) -> StepRollout:

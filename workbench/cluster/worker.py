@@ -54,13 +54,16 @@ class RolloutWorker:
         with torch.no_grad():
             self.policies.load_state(weights)
         self.policies.sync(self.backends, self.workdir, version, self.config.sync_timeout_s)
+        if self._pipeline is not None:  # a level in flight keeps its weights; the next one takes these
+            self._pipeline.published(version)
         return version
 
-    def rollout(self, tasks: list[Any], group_size: int) -> list[Any]:
-        """Every task rolled out ``group_size`` times: the episodes, scored, in task order."""
+    def rollout(self, tasks: list[Any], group_size: int, step: int | None = None) -> list[Any]:
+        """Every task rolled out ``group_size`` times: the episodes, scored, in task order; ``step`` seeds
+        their requests (``workbench.engine.Rollout``), so a shard draws the same on any worker."""
         from workbench.backends.loop_thread import run_sync
 
-        return run_sync(lambda: self.engine.run(tasks, group_size=group_size))
+        return run_sync(lambda: self.engine.run(tasks, group_size=group_size, step=step))
 
     def level(self, step: int, batches: dict[int, list[Any]]) -> dict[str, Any]:
         """Step ``step`` of the pipeline on this worker's groups; ``batches``: the new tasks of ``step`` (and

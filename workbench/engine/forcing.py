@@ -10,7 +10,8 @@ Every forced turn checks that the prompt the engine built is token-for-token the
 prompt of the replayed call itself), and raises ``ReplayDivergence`` where it is not: the spec, the
 task, the templates or the tokenizer changed since the episode ran.
 
-``request_seed`` derives a generation request's own seed (the engine's ``Rollout(seed=...)``).
+``request_seed`` derives a generation request's own seed (the engine's ``Rollout(seed=...)``); ``step_seed``
+the seed of one training step's rollout, from which its requests' seeds are derived in turn.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ def request_seed(seed: int, task_id: str, sample: int, position: int, turn: int)
     """The seed of one generation request: a 31-bit hash of the rollout seed and where the request is."""
     key = f"{seed}/{task_id}/{sample}/{position}/{turn}".encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") & 0x7FFF_FFFF
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The seed of training step ``step``'s rollout: a task drawn again in a later epoch draws other tokens."""
+    return request_seed(seed, "step", step, 0, 0)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """Runs a topology over tasks: each episode walks the flow, calling roles, agents and tools.
 
 Episodes run concurrently as coroutines, so a batching backend sees every agent that is ready
-at once. A malformed output is recorded as a format failure and the episode goes on; a tool
+at once. A seeded rollout gives each generation request a seed of its own (``request_seed``: the seed, or in
+training the step's seed, the task, the sample, the call's position and turn), so what a call draws does not
+depend on which requests share its decode batch, how fast a tool answered, or which process ran it. A malformed output is recorded as a format failure and the episode goes on; a tool
 that fails or times out is recorded as a tool error and the agent sees that error; an exception
 inside one episode is recorded on that episode and never stops the others.
 """
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.backends.base import Backend, Generation, GenerationRequest
 from workbench.engine.conversation import Conversation
-from workbench.engine.forcing import Forcing, request_seed
+from workbench.engine.forcing import Forcing, request_seed, step_seed
 from workbench.engine.mas_graph import substitute
 from workbench.engine.parsers import PARSERS, POSTPROCESS, FormatError
 from workbench.engine.protocols import Actions, ToolCall, make_protocol
@@ -44,6 +46,7 @@ class _Episode:
     """Mutable state of one episode while it runs: its record and the next call position."""
 
     record: EpisodeRecord
+    seed: int | None = None  # the seed its requests' seeds derive from (None: unseeded)
     next_position: int = 0
     calls_made: dict[int, int] = field(default_factory=dict)  # per flow walk: calls so far
 
@@ -83,6 +86,8 @@ class Rollout:
         """``seed``: give every generation request a seed of its own, derived from ``seed``, the task, the
         episode's sample and the call's position and turn (``request_seed``), so that an episode's draws
         do not depend on what else was decoded beside it; None (the default) leaves requests unseeded.
+        A training step passes its ``step`` to ``run``/``episode``/``grouped``: its requests' seeds then
+        derive from ``step_seed(seed, step)``, so a task drawn again at a later step draws other tokens.
         ``forcing``: answer some generations and tool calls from a stored episode instead (a replay's
         prefix, ``workbench.engine.forcing``)."""
         self.topology = topology
@@ -140,9 +145,16 @@ class Rollout:
 
     # ------------------------------------------------------------------ episodes
 
-    async def episode(self, task: Task, sample: int = 0) -> EpisodeRecord:
+    def _seed(self, step: int | None) -> int | None:
+        """The seed of the episodes of training step ``step`` (None: a rollout outside training)."""
+        if self.seed is None or step is None:
+            return self.seed
+        return step_seed(self.seed, step)
+
+    async def episode(self, task: Task, sample: int = 0, step: int | None = None) -> EpisodeRecord:
+        """One episode of ``task`` (its ``sample``-th); ``step``: the training step it belongs to (its seeds)."""
         record = EpisodeRecord(task_id=task.id, group=task.id, sample=sample)
-        state = _Episode(record)
+        state = _Episode(record, self._seed(step))
         variables: dict[str, Any] = {
             **self.topology.params,
             "question": task.question,
@@ -167,6 +179,7 @@ class Rollout:
         group_size: int,
         on_level: Callable[[Task, list[EpisodeRecord]], None] | None = None,
         gate: Callable[[], Awaitable[None]] | None = None,
+        step: int | None = None,
     ) -> list[EpisodeRecord]:
         """MarsRL's grouped agentic rollout of one task: ``group_size`` episodes that fan out as they go.
 
@@ -179,11 +192,13 @@ class Rollout:
 
         ``on_level`` is called after each level (one node on every live branch) with the group's
         episodes as they stand, and ``gate`` is awaited before every level but the first: an
-        agent-level pipeline runs one level of every group per step and trains its scored calls.
+        agent-level pipeline runs one level of every group per step and trains its scored calls. ``step``:
+        the training step the group started at (its requests' seeds, see ``Rollout``).
         """
         base = {**self.topology.params, "question": task.question, "task": task.to_dict()}
         states = [
-            _Episode(EpisodeRecord(task_id=task.id, group=task.id, sample=i)) for i in range(group_size)
+            _Episode(EpisodeRecord(task_id=task.id, group=task.id, sample=i), self._seed(step))
+            for i in range(group_size)
         ]
         rng = random.Random(f"{task.id}")
         flow = self.topology.flow
@@ -267,18 +282,20 @@ class Rollout:
         group_size: int = 1,
         progress: Callable[[EpisodeRecord], None] | None = None,
         on_level: Callable[[Task, list[EpisodeRecord]], None] | None = None,
+        step: int | None = None,
     ) -> list[EpisodeRecord]:
         """``group_size`` episodes per task, all concurrently; results in task-major order.
 
         ``progress`` is called with each episode as it finishes (a progress bar's update);
-        ``on_level`` after each level of a grouped rollout (see ``grouped``).
+        ``on_level`` after each level of a grouped rollout (see ``grouped``); ``step``: the training step
+        these episodes belong to (their requests' seeds, see ``Rollout``).
         """
 
         tasks = list(tasks)
         await self._make_tools(tasks)
 
         async def one(task: Task, sample: int) -> EpisodeRecord:
-            record = await self.episode(task, sample)
+            record = await self.episode(task, sample, step)
             if progress is not None:
                 progress(record)
             return record
@@ -286,7 +303,7 @@ class Rollout:
         if self.grouped_mode:
 
             async def group(task: Task) -> list[EpisodeRecord]:
-                records = await self.grouped(task, group_size, on_level)
+                records = await self.grouped(task, group_size, on_level, step=step)
                 for record in records:
                     if progress is not None:
                         progress(record)
@@ -815,8 +832,8 @@ class Rollout:
                 # a policy the backend serves as a LoRA adapter (declared in the spec, or a trainer's)
                 adapter=role.policy if role.policy in getattr(backend, "adapters", {}) else None,
                 seed=None
-                if self.seed is None
-                else request_seed(self.seed, state.record.task_id, state.record.sample, seeded, turn),
+                if state.seed is None
+                else request_seed(state.seed, state.record.task_id, state.record.sample, seeded, turn),
             )
         )
         return generation

@@ -38,5 +38,7 @@ def policy_trainer(
 def rollout_engine(
     topology: Topology, config: TrainConfig, backends: dict[str, Any], judge: Any = None
 ) -> Rollout:
-    """The engine that rolls ``topology`` out on ``backends`` within the config's token limit."""
-    return Rollout(topology, backends, max_tokens=config.max_tokens, judge=judge)
+    """The engine that rolls ``topology`` out on ``backends`` within the config's token limit, each request
+    seeded from the run's seed (and, in training, the step: the schedulers pass it), so a run repeats itself
+    whatever shares a decode batch and wherever it rolls out."""
+    return Rollout(topology, backends, max_tokens=config.max_tokens, judge=judge, seed=config.seed)

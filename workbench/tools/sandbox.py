@@ -259,20 +259,20 @@ def _sandbox_main():
     for name in [n for n in globals() if not n.startswith("__")]:
         del globals()[name]
     try:
-        tree = ast.parse(source, path)
+        tree = ast.parse(source, "main.py")  # relative (cwd): no random directory in a traceback
         last = None
         if echo and tree.body and isinstance(tree.body[-1], ast.Expr):
             last = ast.Expression(tree.body.pop().value)
-        exec(compile(tree, path, "exec"), module.__dict__)
+        exec(compile(tree, "main.py", "exec"), module.__dict__)
         if last is not None:
-            value = eval(compile(last, path, "eval"), module.__dict__)
+            value = eval(compile(last, "main.py", "eval"), module.__dict__)
             if value is not None:
                 print(repr(value))
     except SystemExit:
         raise
     except BaseException as error:
         tb = error.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename != path:
+        while tb is not None and tb.tb_frame.f_code.co_filename != "main.py":
             tb = tb.tb_next
         report = traceback.TracebackException(type(error), error, tb)
         inner = ("guard", "refuse", "absolute", "within", "_refuse_fork_exec")

@@ -14,7 +14,9 @@ old (``policy_lag/*``).
 With ``max_staleness = 1`` (the default) the next step's level starts as soon as this one's is done,
 so it rolls out (from the rollout backend's own weight copy) while the trainer updates on this one, and
 its calls train one version late; ``0`` keeps rollout and update apart (every call trains on the policy
-that generated it).
+that generated it). The level rolled out beside the update decodes with the weights from before it, all its
+calls: an hf rollout copy holds the update back (``HFBackend.hold_weights``) until the next level opens, so
+which weights a call sees is the schedule's, not the timing's.
 
 With ``carry`` (the run has a ``segment_len``; flows of call nodes, one generation each) a step decodes
 at most one segment of each call: a call
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.backends.loop_thread import LoopThread
 from workbench.backends.segmented import segment_hooks
+from workbench.backends.wrapper import unwrap
 from workbench.engine.runner import Rollout
 from workbench.rl.scheduling.base import BatchFor, StepRollout, view
 from workbench.topology.spec import CallNode
@@ -93,6 +96,12 @@ class PipelineScheduler:
         self.overlap = overlaps(max_staleness, carry)
         self.max_carry = max_staleness if carry else 0
         self.loop = LoopThread("rollout")
+        self._holding = [b for b in map(unwrap, engine.backends.values()) if hasattr(b, "hold_weights")]
+        if self.overlap:  # updates land only between two levels (``_step``)
+            for backend in {id(b): b for b in self._holding}.values():
+                backend.hold_weights()
+        self._publishes = 0  # updates published so far (trainer side)
+        self._applied = 0  # of those, applied to the rollout's weights (rollout loop side)
         self.ahead: dict[int, concurrent.futures.Future] = {}  # step -> its level, started early
         # rollout-loop state (touched only on the loop's thread)
         self.live = 0  # groups not finished
@@ -119,10 +128,11 @@ class PipelineScheduler:
 
     def _start(self, step: int) -> concurrent.futures.Future:
         drain = step >= self.last_step - 1 or bool(self.drain_every and (step + 1) % self.drain_every == 0)
-        return asyncio.run_coroutine_threadsafe(self._step(self.batch_for(step), drain), self.loop.loop)
+        coroutine = self._step(self.batch_for(step), drain, step, self._publishes)
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop.loop)
 
     def published(self, step: int) -> None:
-        pass
+        self._publishes += 1
 
     def run(self, factory: Callable[[], Coroutine]) -> Any:
         return self.loop.run(factory())
@@ -133,13 +143,20 @@ class PipelineScheduler:
 
     # ---------------------------------------------------------------- rollout loop side
 
-    async def _step(self, tasks: list[Task], drain: bool) -> tuple[list[EpisodeRecord], list[EpisodeRecord]]:
-        """One level of every group in flight plus the first of the new ones; to the end if ``drain``."""
+    async def _step(
+        self, tasks: list[Task], drain: bool, step: int, publishes: int = 0
+    ) -> tuple[list[EpisodeRecord], list[EpisodeRecord]]:
+        """One level of every group in flight plus the first of the new ones (started at ``step``: their
+        requests' seeds), with the weights of the first ``publishes`` updates; to the end if ``drain``."""
+        if self.overlap and publishes > self._applied:  # no level decodes now: the held updates land
+            for backend in {id(b): b for b in self._holding}.values():
+                backend.apply_held(publishes - self._applied)
+            self._applied = publishes
         self.draining = drain
         self._open_level()
         for task in tasks:
             self.live += 1
-            asyncio.ensure_future(self._group(task))
+            asyncio.ensure_future(self._group(task, step))
         await self._settled()
         while drain and self.live:
             self._open_level()
@@ -179,10 +196,10 @@ class PipelineScheduler:
         self._check()
         await release.wait()
 
-    async def _group(self, task: Task) -> None:
+    async def _group(self, task: Task, step: int) -> None:
         segment_hooks.set(_GroupSegments(self))  # this task's context: every call of the group sees it
         try:
-            records = await self.engine.grouped(task, self.group_size, self._on_level, self._gate)
+            records = await self.engine.grouped(task, self.group_size, self._on_level, self._gate, step=step)
             self.finished += records
         except BaseException as error:  # noqa: BLE001 - handed to the trainer at the end of the step
             self.failure = error

@@ -22,7 +22,7 @@ class SynchronousScheduler:
     def rollout(self, step: int) -> StepRollout:
         started = time.perf_counter()
         batch = self.batch_for(step)
-        episodes = run_sync(lambda: self.engine.run(batch, group_size=self.group_size))
+        episodes = run_sync(lambda: self.engine.run(batch, group_size=self.group_size, step=step))
         return StepRollout(episodes, episodes, trainer_wait_s=time.perf_counter() - started)
 
     def published(self, step: int) -> None:

@@ -1,0 +1,219 @@
+"""Same seed, same run: a training run repeats itself call for call on every scheduler and place (issue 49).
+
+Every generation request of a training step is seeded from the run's seed, the step, the task, the sample and
+the call's position and turn (``workbench.engine.Rollout``), and the hf backend draws a seeded row from a
+generator of its own: what a call draws no longer depends on which requests share its decode batch, how fast
+a tool in another process answered, or which thread or worker ran it. Each test trains the tiny model twice
+with one seed (2 steps) and compares the stores: every call's prompt and completion token ids and every
+metric but the timings; a run with another seed differs.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import workbench as wb
+from workbench.rewards import register
+from workbench.rl.config import TrainConfig
+from workbench.tasks import generate
+from workbench.topology import from_dict
+from workbench.training import create, run_training
+
+
+@register("same_seed_digit")
+def _has_digit(prediction: str, reference: str) -> float:
+    return float(any(ch.isdigit() for ch in prediction))
+
+
+#: Two roles one after the other: the second's prompt holds the first's completion.
+CHAIN = from_dict(
+    {
+        "name": "chain",
+        "roles": {
+            "first": {
+                "messages": [{"role": "user", "content": "{{ question }}"}],
+                "reward": {"kind": "answer", "verifier": "same_seed_digit"},
+            },
+            "second": {
+                "messages": [{"role": "user", "content": "Check: {{ question }} {{ draft }}"}],
+                "reward": {"kind": "answer", "verifier": "same_seed_digit"},
+            },
+        },
+        "flow": {
+            "start": "a",
+            "nodes": {
+                "a": {"call": "first", "bind": {"draft": "text"}, "next": [{"goto": "b"}]},
+                "b": {"call": "second", "bind": {"answer": "text"}},
+            },
+            "answer": "{{ answer }}",
+        },
+    }
+)
+
+#: An agent whose tool runs in another process (the python sandbox). The tiny model writes random text, so
+#: the protocol's tags are a space and a letter it writes often: many turns call the tool (with code that fails, which
+#: is a result like any other), and each episode's next turn waits on a subprocess.
+SANDBOXED = from_dict(
+    {
+        "name": "sandboxed",
+        "roles": {
+            "coder": {
+                "messages": [{"role": "user", "content": "{{ question }}"}],
+                "reward": {"kind": "answer", "verifier": "same_seed_digit"},
+                "sampling": {"max_tokens": 8},
+            }
+        },
+        "tools": {"python": {"kind": "python", "options": {"timeout": 10}}},
+        "flow": {
+            "start": "work",
+            "answer": "{{ answer }}",
+            "nodes": {
+                "work": {
+                    "bind": {"answer": "text"},
+                    "agent": "coder",
+                    "tools": ["python"],
+                    "protocol": "tags",
+                    "protocol_options": {
+                        "begin": " ",
+                        "end": "e",
+                        "tool": "python",
+                        "argument": "code",
+                        "result_begin": "<o>",
+                        "result_end": "</o>",
+                    },
+                    "max_turns": 3,
+                }
+            },
+        },
+    }
+)
+
+#: Metrics that measure time (or its share), not what the run did.
+_TIMED = ("time/", "bubble/", "throughput/", "perf/")
+
+
+def _train(root: Path, name: str, topology: Any, seed: int = 0, **overrides: Any) -> Path:
+    fields = dict(
+        model="tiny",
+        steps=2,
+        batch_size=2,
+        group_size=2,
+        max_tokens=6,
+        runs_dir=str(root / name),
+        checkpoint_every=100,
+        learning_rate=1e-2,
+        n_tasks=8,
+        task_options={"level": 1},
+        seed=seed,
+    )
+    config = TrainConfig(**{**fields, **overrides})
+    run_dir = create(config)
+    tasks = None if isinstance(topology, str) else generate("arithmetic", n=8, seed=0, level=1)
+    if isinstance(topology, str):
+        config.topology, topology = topology, None
+    status = run_training(config, run_dir, topology=topology, tasks=tasks, log=lambda line: None)
+    assert status == "finished"
+    return run_dir
+
+
+def _stored(run_dir: Path) -> tuple[dict, dict]:
+    """The run's calls (token ids, by step, task, sample and position) and its metrics but the timings."""
+    reader = wb.RunReader(run_dir)
+    episodes = reader.episodes().set_index("id")
+    assert (episodes["status"] == "complete").all(), episodes["error"].dropna().head(1).tolist()
+    where = {i: (e.task_id, e.task_meta["sample"]) for i, e in episodes.iterrows()}
+    calls = reader.calls()
+    assert len(calls), "the run stored calls"
+    keyed = {
+        (row.step, *where[row.episode_id], row.position): (
+            row.role,
+            list(row.prompt_ids),
+            list(row.completion_ids),
+        )
+        for row in calls.itertuples()
+    }
+    assert len(keyed) == len(calls), "one call per key"
+    wide = reader.metrics_wide()
+    metrics = {
+        (int(step), name): value
+        for step, row in wide.iterrows()
+        for name, value in row.items()
+        if not name.startswith(_TIMED) and not name.endswith("_s") and not _missing(value)
+    }
+    return keyed, metrics
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _same(first: Path, second: Path) -> tuple[dict, dict]:
+    calls, metrics = _stored(first)
+    again, metrics_again = _stored(second)
+    assert calls.keys() == again.keys()
+    differ = [key for key in calls if calls[key] != again[key]]
+    assert not differ, f"{len(differ)} of {len(calls)} calls drew other tokens, the first {differ[0]}"
+    changed = {k: (v, metrics_again.get(k)) for k, v in metrics.items() if metrics_again.get(k) != v}
+    assert metrics.keys() == metrics_again.keys() and not changed, changed
+    return calls, metrics
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "topology", "overrides"),
+    [
+        ("sync", CHAIN, {}),
+        ("async", CHAIN, {"max_staleness": 1}),
+        ("pipeline", "marsrl", {"max_staleness": 1, "max_tokens": 4}),
+        ("async", SANDBOXED, {"max_staleness": 1, "max_tokens": 10}),
+    ],
+    ids=["sync", "async", "pipeline", "async-sandbox"],
+)
+def test_two_runs_of_one_seed_store_the_same_calls_and_metrics(scheduler, topology, overrides, tmp_path):
+    runs = [_train(tmp_path, f"run{i}", topology, scheduler=scheduler, **overrides) for i in range(2)]
+    calls, _ = _same(*runs)
+    steps = {key[0] for key in calls}
+    # the pipeline stores an episode at the step it ends (here: the last, which drains it)
+    assert steps == {0, 1} or (scheduler == "pipeline" and steps), steps
+    if topology is SANDBOXED:
+        tools = wb.RunReader(runs[0]).calls()["tool_results"].dropna()
+        assert sum(len(results) for results in tools) >= 4, "the sandbox answered tool calls"
+
+
+def test_another_seed_draws_other_calls_and_a_task_seen_again_draws_anew(tmp_path):
+    """The seed reaches the draws; and the step is part of it: a task drawn at two steps samples anew."""
+    first = _train(tmp_path, "seed0", CHAIN, batch_size=8, steps=2, learning_rate=1e-9)
+    other = _train(tmp_path, "seed1", CHAIN, seed=1, batch_size=8, steps=2, learning_rate=1e-9)
+    calls, _ = _stored(first)
+    other_calls, _ = _stored(other)
+    completions = [c[2] for c in calls.values()]
+    assert completions != [c[2] for c in other_calls.values()]
+    # all 8 tasks at both steps (one epoch a step) and the weights barely move (a learning rate of 1e-9): only the
+    # step's seed can make a call of step 1 draw other tokens than the same call of step 0
+    by_step = {step: {k[1:]: v for k, v in calls.items() if k[0] == step} for step in (0, 1)}
+    assert by_step[0].keys() == by_step[1].keys()
+    firsts = [key for key, call in by_step[0].items() if call[0] == "first"]
+    redrawn = [key for key in firsts if by_step[0][key][2] != by_step[1][key][2]]
+    assert len(redrawn) > len(firsts) // 2, f"{len(redrawn)} of {len(firsts)} first calls drew anew at step 1"
+
+
+@pytest.mark.vllm
+def test_vllm_serves_seeded_requests_whose_prompts_fill_more_than_one_engine_step(shared_vllm):
+    """Training seeds every request. On vLLM's CPU build a seeded request whose prefill was split over two
+    engine steps killed the engine ("CPU Generator does not use offset"); the backend keeps prompts whole."""
+    import asyncio
+
+    from workbench.backends.base import GenerationRequest
+
+    engine = shared_vllm.get()
+    prompts = [[(7 * i + k) % 500 + 10 for k in range(400)] for i in range(8)]  # 3,200 prompt tokens at once
+    requests = [GenerationRequest(p, max_tokens=4, temperature=1.0, seed=i) for i, p in enumerate(prompts)]
+
+    async def both() -> list:
+        return [await asyncio.gather(*(engine.generate(r) for r in requests)) for _ in range(2)]
+
+    first, again = asyncio.run(both())
+    assert [g[0].completion_ids for g in first] == [g[0].completion_ids for g in again]
