@@ -195,8 +195,8 @@ class Compare(PeriodicRefresh, pn.viewable.Viewer):
             plot.toolbar.logo = None
             plot.add_tools(HoverTool(tooltips=[("", "$name"), (self.x, "@x"), ("value", "@value")]))
             legend = Legend(location="top_left", click_policy="hide", label_text_font_size="8pt",
-                            background_fill_alpha=0.6, spacing=0, padding=4)  # fmt: skip
-            plot.add_layout(legend)
+                            spacing=0, padding=4)  # fmt: skip
+            plot.add_layout(legend, "right")  # beside the plot: inside, it covered the lines' start
             series = sorted({key[3] for key in mine})
             bands: dict[tuple[str, str], Any] = {}  # hidden with their line from the legend
             for key, data in mine.items():

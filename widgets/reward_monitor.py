@@ -202,8 +202,9 @@ class CurvePlot:
         )
         self.figure.add_tools(HoverTool(tooltips=[("", "$name"), ("step", "@step"), ("value", "@value")]))
         self.figure.toolbar.logo = None
-        self.legend = Legend(location="bottom_left", click_policy="hide")
-        self.figure.add_layout(self.legend)
+        # beside the plot, not in it: a legend inside covered the start of the lines
+        self.legend = Legend(location="top_left", click_policy="hide", label_text_font_size="8pt")
+        self.figure.add_layout(self.legend, "right")
         #: source name -> points it holds
         self.counts: dict[str, int] = {}
         for n, (label, (steps, values)) in enumerate(points.items()):
