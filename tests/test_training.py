@@ -341,3 +341,18 @@ def test_sigterm_stops_a_run_after_its_step_as_stopped(tmp_path):
     from workbench.rl import checkpoint
 
     assert checkpoint.latest(run_dir).name == f"step-{steps[-1]:06d}"
+
+
+def test_tasks_given_to_train_are_the_runs_task_source_in_its_config_and_give_its_held_out_set(tmp_path):
+    """wb.train(tasks=...): the stored config names the run's own copy of them, not the generator it would
+    otherwise use, and held-out tasks come out of them as out of any task file."""
+    tasks = generate("arithmetic", n=6, seed=5, level=1)
+    config = _config(tmp_path, steps=1, eval_tasks=2, eval_every=0, checkpoint_every=100)
+    run = wb.train(SOLO, tasks=tasks, config=config)
+    assert run.wait(timeout=300) == "finished", run.log()
+    stored = TrainConfig.from_yaml(run.run_dir / "train_config.yaml")
+    assert (stored.tasks, stored.n_tasks, stored.task_options) == ("tasks.jsonl", 6, {})
+    reader = wb.RunReader(run.run_dir)
+    held_out = set(reader.events(kind="eval").iloc[0]["payload"]["tasks"])
+    assert held_out == {t.id for t in tasks[:2]}
+    assert set(reader.episodes()["task_id"]) <= {t.id for t in tasks[2:]}

@@ -138,7 +138,9 @@ def train(
     """Start training ``topology`` on ``tasks`` in a background process and return its handle at once.
 
     ``config`` is a :class:`TrainConfig`, a dict, or a YAML file; keyword ``overrides`` set fields.
-    ``topology`` (a name or a Topology) and ``tasks`` (a list of Task) override the config's.
+    ``topology`` (a name or a Topology) and ``tasks`` (a list of Task) override the config's: given tasks
+    are kept in the run's directory and its config says so (``tasks: tasks.jsonl``, ``n_tasks``); the first
+    ``eval_tasks`` of them (at most half) are held out, as from any task file.
     """
     from workbench.engine import plugins
     from workbench.tasks import save_jsonl
@@ -150,6 +152,8 @@ def train(
             "tasks=None to use the config's tasks"
         )
     config = _config(config, overrides)
+    if tasks is not None:  # the run's own copy is its task source, as a file named in a config would be
+        config.tasks, config.n_tasks, config.task_options = TASKS_FILE, len(tasks), {}
     if isinstance(topology, Topology):
         config.topology = topology.name
     elif topology is not None:
@@ -279,7 +283,11 @@ def run_here(run_dir: str | Path, log: Callable[[str], None] | None = None) -> s
     config = run_config(run_dir)
     plugins.load(run_dir, config.plugins)  # before the spec: it may name their tool kinds and verifiers
     topology = load(run_dir / TOPOLOGY_FILE) if (run_dir / TOPOLOGY_FILE).exists() else None
-    tasks = load_tasks(run_dir / TASKS_FILE) if (run_dir / TASKS_FILE).exists() else None
+    own_tasks = run_dir / TASKS_FILE
+    if config.tasks == TASKS_FILE and own_tasks.exists():  # given to wb.train: split for held-out as any file
+        config.tasks, tasks = str(own_tasks), None
+    else:  # a run made before wb.train named its own file: every task trains, none is held out
+        tasks = load_tasks(own_tasks) if own_tasks.exists() else None
     return run_training(
         config,
         run_dir,

@@ -122,7 +122,11 @@ class TrainConfig:
         "Recompute each layer's activations during the backward pass: activation memory of one layer per micro-batch "
         "instead of all of them (with token_budget, this bounds peak memory), for about one more forward of compute.",
     )
-    tasks: str = _f("arithmetic", "Task generator name (workbench tasks) or a JSONL/Parquet file of tasks.")
+    tasks: str = _f(
+        "arithmetic",
+        "Task generator name (workbench tasks) or a JSONL/Parquet file of tasks (tasks.jsonl: the tasks given to "
+        "wb.train, kept in the run's directory).",
+    )
     task_options: dict = _f({}, "Keyword options of the task generator (e.g. {level: 1, format: plain}).")
     n_tasks: int = _f(256, "Training tasks to generate (ignored for a file).")
     policies: str = _f(
