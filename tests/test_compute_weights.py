@@ -9,11 +9,11 @@ in practice exactly), and the model outside the forward still holds its fp32 mas
 from __future__ import annotations
 
 import copy
-import random
 
 import pytest
 import torch
 
+from tests.grpo_samples import grpo_groups
 from tests.perf import shapes
 from workbench.rl.compute_weights import ComputeWeights, make_compute_weights
 from workbench.rl.samples import Sample
@@ -26,23 +26,8 @@ def tiny():
 
 
 def _samples(vocab: int, n: int = 8, seed: int = 0) -> list[Sample]:
-    rng = random.Random(seed)
-    out = []
-    for g in range(2):  # two GRPO groups sharing their prompts
-        prompt = [rng.randrange(10, vocab) for _ in range(10 + g)]
-        for i in range(n // 2):
-            completion = [rng.randrange(10, vocab) for _ in range(rng.randint(3, 9))]
-            out.append(
-                Sample(
-                    prompt,
-                    completion,
-                    [1] * len(completion),
-                    [0.0] * len(completion),
-                    advantage=i - 1.5,
-                    policy="p",
-                )
-            )
-    return out
+    """Two GRPO groups sharing their prompts."""
+    return grpo_groups(vocab, 2, n // 2, seed, prompt=10, longest=9, prompt_growth=1)
 
 
 def _train(model, compute_weights: bool, checkpointing: bool):

@@ -8,12 +8,12 @@ gradient checkpointing must change memory, not gradients.
 from __future__ import annotations
 
 import copy
-import random
 import re
 
 import pytest
 import torch
 
+from tests.grpo_samples import grpo_groups
 from workbench.backends.base import GenerationRequest
 from workbench.backends.hf import HFBackend
 from workbench.backends.loop_thread import run_sync
@@ -30,22 +30,8 @@ def tiny():
 
 
 def _samples(vocab: int, n: int = 6, seed: int = 0, policy: str = "p") -> list[Sample]:
-    rng = random.Random(seed)
-    prompt = [rng.randrange(10, vocab) for _ in range(12)]
-    out = []
-    for i in range(n):  # a GRPO group: one prompt, several completions (shared prefixes in the row)
-        completion = [rng.randrange(10, vocab) for _ in range(rng.randint(3, 10))]
-        out.append(
-            Sample(
-                prompt,
-                completion,
-                [1] * len(completion),
-                [0.0] * len(completion),
-                advantage=i - 2.5,
-                policy=policy,
-            )
-        )
-    return out
+    """A GRPO group: one prompt, several completions (shared prefixes in the row)."""
+    return grpo_groups(vocab, 1, n, seed, policy=policy)
 
 
 def test_auto_is_the_cpu_in_fp32_without_a_gpu():

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.grpo_samples import grpo_groups
 from tests.sync_counter import SyncCounter
 from workbench.backends.base import GenerationRequest
 from workbench.backends.gqa_attention import use_gqa_attention
@@ -59,24 +60,7 @@ def test_the_counter_sees_reads_masks_and_copies_and_nothing_else():
 
 def _samples(n: int, vocab: int, seed: int = 0) -> list[Sample]:
     """GRPO groups of 8 samples (one prompt each), two roles, completions of 3 to 10 tokens."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n // 8):
-        prompt = [rng.randrange(10, vocab) for _ in range(12)]
-        for i in range(8):
-            completion = [rng.randrange(10, vocab) for _ in range(rng.randint(3, 10))]
-            out.append(
-                Sample(
-                    prompt,
-                    completion,
-                    [1] * len(completion),
-                    [-2.0] * len(completion),
-                    role="solver" if i % 2 else "verifier",
-                    advantage=i - 3.5,
-                    policy="p",
-                )
-            )
-    return out
+    return grpo_groups(vocab, n // 8, 8, seed, engine_logprob=-2.0, roles=("verifier", "solver"))
 
 
 def _trainer_syncs(model: torch.nn.Module, n: int, path: str | None = None) -> tuple[SyncCounter, dict]:

@@ -14,9 +14,9 @@ from typing import Any
 
 import panel as pn
 
+from widgets.run_graph import MEASURES  # what the signals can colour the canvas by
 from widgets.topology_notices import reported
 from workbench.analysis.signals import (
-    ROLE_MEASURES,
     complete_steps,
     graph_signals,
     replay_advantages,
@@ -25,9 +25,6 @@ from workbench.analysis.signals import (
 from workbench.store import RunReader
 from workbench.topology import Topology
 from workbench.topology.diagram import Signals
-
-#: What the signals can colour the canvas by.
-MEASURES = [*ROLE_MEASURES, "replay/advantage"]
 
 
 class RunSignals:
