@@ -1,76 +1,44 @@
 """Runs a topology over tasks: each episode walks the flow, calling roles, agents and tools.
 
-Episodes run concurrently as coroutines, so a batching backend sees every agent that is ready
-at once. A seeded rollout gives each generation request a seed of its own (``request_seed``: the seed, or in
-training the step's seed, the task, the sample, the call's position and turn), so what a call draws does not
-depend on which requests share its decode batch, how fast a tool answered, or which process ran it. A malformed output is recorded as a format failure and the episode goes on; a tool
-that fails or times out is recorded as a tool error and the agent sees that error; an exception
-inside one episode is recorded on that episode and never stops the others.
+Episodes run concurrently as coroutines, so a batching backend sees every agent that is ready at once. A
+seeded rollout gives each generation request a seed of its own (``request_seed``: the seed, or in training the
+step's seed, the task, the sample, the call's position and turn), so what a call draws does not depend on which
+requests share its decode batch, how fast a tool answered, or which process ran it. A malformed output is
+recorded as a format failure and the episode goes on; a tool that fails or times out is recorded as a tool error
+and the agent sees that error; an exception inside one episode is recorded on that episode and never stops the
+others. ``Rollout`` walks the flow and makes the calls; its agent steps are ``workbench.engine.agent_loop``, its
+tool calls ``workbench.engine.tool_calls``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from workbench.backends.base import Backend, Generation, GenerationRequest
+from workbench.engine.agent_loop import AgentLoop, postprocess
 from workbench.engine.conversation import Conversation
+from workbench.engine.episode_state import Branch, Cancelled, EpisodeState
 from workbench.engine.forcing import Forcing, request_seed, step_seed
 from workbench.engine.mas_graph import substitute
-from workbench.engine.parsers import PARSERS, POSTPROCESS, FormatError
-from workbench.engine.protocols import Actions, ToolCall, make_protocol
+from workbench.engine.parsers import PARSERS, FormatError
 from workbench.engine.records import CallRecord, EpisodeRecord
 from workbench.engine.selectors import SELECTORS
 from workbench.engine.templating import evaluate as _evaluate
 from workbench.engine.templating import template
+from workbench.engine.tool_calls import ToolCalls
 from workbench.rewards.assign import answer_text, assign, call_reward, judge_calls, judged_reward
-from workbench.store.codec import TokenOwner
 from workbench.topology.spec import END, AgentNode, DagNode, Flow, MapNode, Role, Topology
 
 if TYPE_CHECKING:
     from workbench.tasks import Task
 
 
-class _Cancelled(Exception):
-    """Raised inside an episode once the rollout is cancelled."""
-
-
-@dataclass
-class _Episode:
-    """Mutable state of one episode while it runs: its record and the next call position."""
-
-    record: EpisodeRecord
-    seed: int | None = None  # the seed its requests' seeds derive from (None: unseeded)
-    next_position: int = 0
-    calls_made: dict[int, int] = field(default_factory=dict)  # per flow walk: calls so far
-
-    def reserve(self) -> int:
-        self.next_position += 1
-        return self.next_position - 1
-
-
-@dataclass
-class _Branch:
-    """One line of a grouped rollout: its variables, its episode, and the output it carries forward."""
-
-    variables: dict[str, Any]
-    state: _Episode
-    source: int | None = None  # position of the call whose output this branch carries
-    reward: float | None = None  # that call's reward, which selectors read
-    calls: int = 0
-    last: int | None = None  # position of the branch's latest call
-
-    def fork(self) -> _Branch:
-        return _Branch(dict(self.variables), self.state, self.source, self.reward, self.calls, self.last)
-
-
-class Rollout:
+class Rollout(AgentLoop, ToolCalls):
     """A topology bound to backends (one per policy) and tools, ready to run episodes."""
 
     def __init__(
@@ -154,7 +122,7 @@ class Rollout:
     async def episode(self, task: Task, sample: int = 0, step: int | None = None) -> EpisodeRecord:
         """One episode of ``task`` (its ``sample``-th); ``step``: the training step it belongs to (its seeds)."""
         record = EpisodeRecord(task_id=task.id, group=task.id, sample=sample)
-        state = _Episode(record, self._seed(step))
+        state = EpisodeState(record, self._seed(step))
         variables: dict[str, Any] = {
             **self.topology.params,
             "question": task.question,
@@ -162,7 +130,7 @@ class Rollout:
         }
         try:
             record.answer, record.status = await self._walk(self.topology.flow, variables, state, parent=None)
-        except _Cancelled:
+        except Cancelled:
             record.status = "cancelled"
         except Exception as error:  # noqa: BLE001 - one broken episode must not stop the rollout
             record.status = "error"
@@ -197,17 +165,17 @@ class Rollout:
         """
         base = {**self.topology.params, "question": task.question, "task": task.to_dict()}
         states = [
-            _Episode(EpisodeRecord(task_id=task.id, group=task.id, sample=i), self._seed(step))
+            EpisodeState(EpisodeRecord(task_id=task.id, group=task.id, sample=i), self._seed(step))
             for i in range(group_size)
         ]
         rng = random.Random(f"{task.id}")
         flow = self.topology.flow
-        frontier = {flow.start: [_Branch(dict(base), s) for s in states]}
+        frontier = {flow.start: [Branch(dict(base), s) for s in states]}
         first = True
         while frontier:
             if gate is not None and not first:
                 await gate()
-            jobs: list[tuple[str, _Branch]] = []
+            jobs: list[tuple[str, Branch]] = []
             for node_name, branches in frontier.items():
                 select = getattr(flow.nodes[node_name], "select", None)
                 if select is not None and not first:
@@ -241,7 +209,7 @@ class Rollout:
             records.append(state.record)
         return records
 
-    async def _advance(self, flow: Flow, node_name: str, branch: _Branch, task: Task) -> str | None:
+    async def _advance(self, flow: Flow, node_name: str, branch: Branch, task: Task) -> str | None:
         """Run one node on one branch; returns the node to go to next, or None when the branch ends."""
         record = branch.state.record
         if branch.calls >= flow.max_calls:
@@ -253,7 +221,7 @@ class Rollout:
             output = await self._run_node(
                 node_name, node, branch.variables, branch.state, None, branch.source
             )
-        except _Cancelled:
+        except Cancelled:
             record.status = "cancelled"
             return None
         except Exception as error:  # noqa: BLE001 - one broken branch must not stop the others
@@ -319,7 +287,7 @@ class Rollout:
         return any(getattr(n, "select", None) is not None for n in self.topology.flow.nodes.values())
 
     async def _walk(
-        self, flow: Flow, variables: dict[str, Any], state: _Episode, parent: int | None
+        self, flow: Flow, variables: dict[str, Any], state: EpisodeState, parent: int | None
     ) -> tuple[str, str]:
         """Walk ``flow`` from its start; returns its rendered answer and how it ended."""
         node_name, calls, status, source = flow.start, 0, "complete", None
@@ -354,7 +322,7 @@ class Rollout:
         node_name: str,
         node: Any,
         variables: dict,
-        state: _Episode,
+        state: EpisodeState,
         parent: int | None,
         source: int | None,
     ) -> dict[str, Any]:
@@ -379,7 +347,7 @@ class Rollout:
     # ------------------------------------------------------------------ node kinds
 
     async def _map(
-        self, node_name: str, node: MapNode, variables: dict, state: _Episode, parent: int | None
+        self, node_name: str, node: MapNode, variables: dict, state: EpisodeState, parent: int | None
     ) -> dict:
         items = _evaluate(node.over, variables)
         if isinstance(items, int):
@@ -393,7 +361,7 @@ class Rollout:
         variables[node.into] = [c.completion_text for c in calls]
         return {"text": variables[node.into], "parsed": [c.parsed for c in calls]}
 
-    async def _dag(self, node: DagNode, variables: dict, state: _Episode, parent: int | None) -> dict:
+    async def _dag(self, node: DagNode, variables: dict, state: EpisodeState, parent: int | None) -> dict:
         """Run an emitted agent graph level by level; each agent is a subflow with a fresh context."""
         graph = _evaluate(node.dag, variables) or {}
         agents = {a["id"]: a for a in graph.get("agents", [])}
@@ -433,7 +401,7 @@ class Rollout:
         node: str,
         role_name: str,
         variables: dict,
-        state: _Episode,
+        state: EpisodeState,
         parent: int | None,
         source: int | None = None,
     ) -> CallRecord:
@@ -444,7 +412,7 @@ class Rollout:
         conversation = self._conversation(role_name, backend, variables)
         queued = time.time()
         generation = await self._generate(role, backend, conversation.ids, (), state, position, 0)
-        text = _postprocess(role, generation.text)
+        text = postprocess(role, generation.text)
         parsed, format_error = _parse(role, text)
         conversation.add_generation(generation, text)
         return self._record(
@@ -465,7 +433,7 @@ class Rollout:
 
     def _record(
         self,
-        state: _Episode,
+        state: EpisodeState,
         role_name: str,
         node: str,
         position: int,
@@ -493,286 +461,6 @@ class Rollout:
         )
         state.record.calls.append(call)
         return call
-
-    async def _agent(
-        self,
-        node_name: str,
-        node: AgentNode,
-        variables: dict,
-        state: _Episode,
-        parent: int | None,
-        source: int | None = None,
-    ) -> dict:
-        """The multi-turn loop: generate, run the tool calls, insert results, until an answer or the turn limit."""
-        role = self.topology.roles[node.agent]
-        position = state.reserve()
-        backend = self.backends[role.policy]
-        protocol = make_protocol(node.protocol, **node.protocol_options)
-        conversation = self._conversation(node.agent, backend, variables)
-        queued = time.time()
-        actions, generation, text = Actions(), None, ""
-        tool_calls: list[dict] = []
-        tool_results: list[dict] = []
-        format_errors: list[str] = []
-        finish = "stop"
-        for turn in range(node.max_turns):
-            generation = await self._generate(
-                role, backend, conversation.ids, protocol.stop, state, position, turn
-            )
-            text = _postprocess(role, generation.text)
-            conversation.add_generation(generation, text)
-            actions = protocol.parse(generation.text)
-            format_errors += actions.invalid
-            finish = generation.finish_reason
-            if finish == "length":
-                break
-            if not actions.tool_calls and not actions.invalid:
-                break
-            calls_to_run = actions.tool_calls
-            if node.max_tool_calls is not None:
-                calls_to_run = calls_to_run[: max(0, node.max_tool_calls - len(tool_calls))]
-            results = await asyncio.gather(
-                *(
-                    self._tool_or_duplicate(
-                        c, node, variables, state, position, tool_calls, len(tool_calls) + i
-                    )
-                    for i, c in enumerate(calls_to_run)
-                )
-            )
-            for call, (content, info) in zip(calls_to_run, results, strict=True):
-                tool_calls.append({"name": call.name, "arguments": call.arguments})
-                tool_results.append(
-                    {**info, "text": _capped(content)}
-                )  # what the agent read, beside the summary
-                owner = TokenOwner.OTHER_ROLE if info.get("via") else TokenOwner.TOOL
-                conversation.insert(protocol.format_result(call, content), owner, role=node.result_role)
-            if node.max_tool_calls is not None and len(tool_calls) >= node.max_tool_calls:
-                finish = "turn_limit"
-                break
-            for problem in actions.invalid:
-                conversation.insert(
-                    protocol.format_result(ToolCall("", {}), f"Error: {problem}"),
-                    TokenOwner.TOOL,
-                    role=node.result_role,
-                )
-        else:
-            finish = "turn_limit" if actions.tool_calls else finish
-        if node.final_prompt and (node.final_when == "always" or finish in {"turn_limit", "length"}):
-            limited = finish in {"turn_limit", "length"}
-            prompt = template(node.final_prompt).render({**variables, "limit_reached": limited})
-            conversation.insert(prompt, TokenOwner.OTHER_ROLE, role="user")
-            turns = len(conversation.turn_texts)
-            generation = await self._generate(role, backend, conversation.ids, (), state, position, turns)
-            text = _postprocess(role, generation.text)
-            conversation.add_generation(generation, text)
-            actions = protocol.parse(generation.text)
-            finish = generation.finish_reason
-        parsed = {
-            "answer": actions.answer,
-            "turns": len(conversation.turn_texts),
-            "tool_calls": len(tool_calls),
-            # the whole interleaved completion by owner: completion_text holds only the last turn
-            "transcript": conversation.segments(),
-        }
-        record = self._record(
-            state,
-            node.agent,
-            node_name,
-            position,
-            conversation,
-            text,
-            generation,
-            finish_reason=finish,
-            parent=parent,
-            source=source,
-            parsed=parsed,
-            format_error="; ".join(format_errors) or None,
-            mask=conversation.mask,
-            tool_calls=tool_calls,
-            tool_results=tool_results,
-            timings={"queued": queued, "finished": time.time()},
-        )
-        return {
-            "position": position,
-            "text": text,
-            "parsed": parsed,
-            "raw": conversation.decoded(),
-            "finish_reason": finish,
-            "format_error": record.format_error,
-            "answer": actions.answer,
-        }
-
-    # ------------------------------------------------------------------ tools
-
-    async def _tool_or_duplicate(
-        self,
-        call: ToolCall,
-        node: AgentNode,
-        variables: dict,
-        state: _Episode,
-        parent: int,
-        done: list[dict],
-        index: int = 0,
-    ) -> tuple[str, dict[str, Any]]:
-        """The ``index``-th tool call of the agent call at ``parent``: refused as a duplicate, taken from
-        the forced episode (a replay's prefix), or run."""
-        if self.forcing is not None:
-            forced = self.forcing.tool_result(parent, index, call.name)
-            if forced is not None:
-                return forced
-            documents, info = self.forcing.routed_documents(parent, index)
-            if (
-                documents is not None
-            ):  # the stored output, distilled again (its System 1 calls forced in turn)
-                return await self._route(self.topology.tools[call.name], documents, call, variables, state,
-                                         parent, info)  # fmt: skip
-        if node.refuse_duplicates and {"name": call.name, "arguments": call.arguments} in done:
-            return node.refuse_duplicates, {
-                "name": call.name,
-                "ok": False,
-                "error": "duplicate call",
-                "seconds": 0.0,
-            }
-        return await self._run_tool(call, node, variables, state, parent)
-
-    async def _run_tool(
-        self, call: ToolCall, node: AgentNode, variables: dict, state: _Episode, parent: int
-    ) -> tuple[str, dict[str, Any]]:
-        """Run one tool call; returns the text the agent sees and what to record about the call."""
-        started = time.perf_counter()
-        spec = self.topology.tools.get(call.name)
-        if spec is None or call.name not in node.tools:
-            return f"Error: unknown tool '{call.name}'; available: {', '.join(node.tools)}", {
-                "name": call.name,
-                "ok": False,
-                "error": "unknown tool",
-                "seconds": 0.0,
-            }
-        if spec.kind == "agent":
-            sub = self.topology.subflows[spec.subflow]
-            scope = {
-                **self.topology.params,
-                "arguments": call.arguments,
-                "question": variables.get("question"),
-                "task": variables.get("task"),
-            }
-            # inputs read the caller's variables (e.g. HiRA's memory so far); the subflow sees only them
-            inputs = {var: _evaluate(expr, {**variables, **scope}) for var, expr in spec.inputs.items()}
-            sub_variables = {**scope, **inputs}
-            answer, status = await self._walk(sub, sub_variables, state, parent=parent)
-            for var, expr in spec.outputs.items():
-                variables[var] = _evaluate(expr, sub_variables)
-            info = {
-                "name": call.name,
-                "ok": status == "complete",
-                "error": None if status == "complete" else status,
-                "seconds": time.perf_counter() - started,
-                "agent": spec.subflow,
-                "via": spec.subflow,
-            }
-            return _truncate(answer, spec.truncate), info
-        from workbench.tools import run_tool
-
-        key, options = self._tool_key(call.name, variables.get("task"))
-        tool = self._tools.get(key)  # made before the rollout (``_make_tools``): no thread hop, see there
-        if tool is None:  # an episode started on its own (``episode``, ``grouped``)
-            tool = await asyncio.to_thread(self._tool, key, options)
-        result = await run_tool(tool, call.arguments, timeout=spec.timeout)
-        info = {"name": call.name, **result.summary()}  # with timed_out, exit_code, killed when set
-        if not result.ok:
-            return f"Error: {result.error}", info
-        if spec.route is not None:
-            return await self._route(spec, _documents(result.content), call, variables, state, parent, info)
-        return _truncate(_as_text(result.content), spec.truncate), info
-
-    async def _route(
-        self,
-        spec: Any,
-        documents: list[str],
-        call: ToolCall,
-        variables: dict,
-        state: _Episode,
-        parent: int,
-        info: dict[str, Any],
-    ) -> tuple[str, dict[str, Any]]:
-        """A routed tool's output distilled by its ``via`` role; the raw documents are kept in the record
-        (``documents``), so that a replay distils the same ones without running the tool."""
-        distilled = await self._distil(spec, documents, call, variables, state, parent)
-        info = {**info, "via": spec.route.via, "bins": len(distilled), "documents": documents}
-        return _truncate("\n\n".join(distilled), spec.truncate), info
-
-    def _tool_key(self, name: str, task: dict[str, Any] | None) -> tuple[tuple, dict[str, Any]]:
-        """The cache key of ``name``'s tool instance for ``task``, and the options that make it; a corpus-less
-        search tool searches the task's own corpus."""
-        spec = self.topology.tools[name]
-        options = dict(spec.options)
-        meta = (task or {}).get("metadata", {})
-        uses_task_corpus = spec.kind == "bm25" and not {"corpus", "kb_seed", "n_entities"} & set(options)
-        if uses_task_corpus and "kb_seed" in meta:
-            options.update(kb_seed=meta["kb_seed"], n_entities=meta.get("n_entities", 60))
-        return (name, options.get("kb_seed"), options.get("n_entities")), options
-
-    async def _make_tools(self, tasks: list[Task]) -> None:
-        """Make every tool the episodes of ``tasks`` may call before the first episode starts, on a thread (a
-        corpus index can take seconds).
-
-        Made on first use instead, a tool's thread hop let the hf backend's micro-batcher close a batch before
-        some episodes' next requests arrived, a different batch in each run: the same seed then drew other
-        tokens and a training run with tools did not repeat itself. A tool that cannot be made is left to the
-        episode that calls it, which records the error as before."""
-        missing: dict[tuple, dict[str, Any]] = {}
-        for task in tasks:
-            as_dict = task.to_dict()
-            for name, spec in self.topology.tools.items():
-                key, options = self._tool_key(name, as_dict)
-                if spec.kind != "agent" and key not in self._tools:
-                    missing.setdefault(key, options)
-        if missing:
-            await asyncio.to_thread(self._make_each, missing)
-
-    def _make_each(self, missing: dict[tuple, dict[str, Any]]) -> None:
-        for key, options in missing.items():
-            try:
-                self._tool(key, options)
-            except Exception:  # noqa: BLE001, S112 - raised again, and recorded, where an episode calls it
-                continue
-
-    def _tool(self, key: tuple, options: dict[str, Any]) -> Any:
-        """The tool instance under ``key`` (``_tool_key``), made from ``options`` on first use (building a
-        corpus index can take seconds: the caller runs this on a thread)."""
-        name = key[0]
-        with self._tool_lock:
-            if key not in self._tools:
-                from workbench.tools import make_tool
-
-                kind = self.topology.tools[name].kind
-                self._tools[key] = self._tools.get(name) or make_tool(kind, **options)
-            return self._tools[key]
-
-    async def _distil(
-        self, spec: Any, documents: list[str], call: ToolCall, variables: dict, state: _Episode, parent: int
-    ) -> list[str]:
-        """MARS's System 1: pack documents into bins (FFD) and distil each bin in one stateless call."""
-        from workbench.engine.binpack import pack_texts
-
-        role = self.topology.roles[spec.route.via]
-        tokenizer = self.backends[role.policy].tokenizer
-        bins = pack_texts(
-            documents, spec.route.capacity, lambda t: len(tokenizer(t, add_special_tokens=False)["input_ids"])
-        )
-        calls = await asyncio.gather(
-            *(
-                self._call(
-                    f"{call.name}:{spec.route.via}",
-                    spec.route.via,
-                    {**variables, "arguments": call.arguments, spec.route.variable: text},
-                    state,
-                    parent,
-                )
-                for text in bins
-            )
-        )
-        return [c.completion_text for c in calls]
 
     # ------------------------------------------------------------------ helpers
 
@@ -806,13 +494,13 @@ class Rollout:
         backend: Backend,
         prompt_ids: list[int],
         stop: tuple[str, ...],
-        state: _Episode,
+        state: EpisodeState,
         position: int,
         turn: int,
     ) -> Generation:
         """The ``turn``-th generation of the call at ``position``: forced (a replay's prefix) or sampled."""
         if self._cancelled.is_set():
-            raise _Cancelled
+            raise Cancelled
         if self.forcing is not None:
             forced = self.forcing.generation(position, turn, prompt_ids, backend.tokenizer)
             if forced is not None:
@@ -839,19 +527,6 @@ class Rollout:
         return generation
 
 
-#: Characters of a tool result's text kept in its record (the agent read all of it; the tokens hold it too).
-TOOL_TEXT_CHARS = 4000
-
-
-def _capped(content: Any) -> str:
-    text = content if isinstance(content, str) else str(content)
-    return (
-        text
-        if len(text) <= TOOL_TEXT_CHARS
-        else text[:TOOL_TEXT_CHARS] + f" [... {len(text) - TOOL_TEXT_CHARS} more]"
-    )
-
-
 def describe_error(error: BaseException) -> str:
     """``Type: message`` of an episode's error, even for an exception whose message itself fails."""
     try:
@@ -871,12 +546,6 @@ def _output(call: CallRecord) -> dict[str, Any]:
     }
 
 
-def _postprocess(role: Role, text: str) -> str:
-    for step in role.postprocess:
-        text = POSTPROCESS[step](text)
-    return text
-
-
 def _parse(role: Role, text: str) -> tuple[Any, str | None]:
     if role.parser is None:
         return None, None
@@ -884,30 +553,3 @@ def _parse(role: Role, text: str) -> tuple[Any, str | None]:
         return PARSERS[role.parser](text), None
     except FormatError as error:
         return None, str(error)
-
-
-def _truncate(text: str, limit: int | None) -> str:
-    return text if limit is None or len(text) <= limit else text[:limit] + "\n[truncated]"
-
-
-def _documents(content: Any) -> list[str]:
-    """A tool result as a list of documents (search results become titled texts)."""
-    if isinstance(content, list):
-        return [_as_text(item) for item in content]
-    return [_as_text(content)]
-
-
-def _as_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, dict):
-        title, url = content.get("title"), content.get("url")
-        body = content.get("text") or content.get("snippet") or content.get("content")
-        if body is not None:
-            head = "\n".join(
-                x for x in (f"Title: {title}" if title else "", f"URL: {url}" if url else "") if x
-            )
-            return f"{head}\n{body}".strip()
-    if isinstance(content, list):
-        return "\n\n".join(_as_text(item) for item in content)
-    return json.dumps(content, ensure_ascii=False, default=str)
