@@ -371,8 +371,12 @@ def test_password_checks_do_not_hold_up_other_requests(dashboard):
     for thread in guessers:
         thread.join()
     assert statuses == [401] * len(senders)
-    assert waits and max(waits) < 0.5 * one_check, (
-        f"a cheap request waited {max(waits):.3f} s behind sign-ins (one PBKDF2 takes {one_check:.3f} s)"
+    # checks run on the event loop would make some request wait out a whole check (four queued ones: several);
+    # off the loop, a request waits for nothing but the 2 shared cores (one wait of 0.7 checks seen under load)
+    typical = sorted(waits)[len(waits) // 2]
+    assert waits and max(waits) < one_check and typical < 0.25 * one_check, (
+        f"cheap requests waited {typical:.3f} s (median) and {max(waits):.3f} s (longest) behind sign-ins "
+        f"(one PBKDF2 takes {one_check:.3f} s)"
     )
 
 
