@@ -24,7 +24,8 @@ import pytest
 
 from tests.browser.conftest import free_port, screenshot, wait_until_up
 from workbench.store import RunStore
-from workbench.topology.diagram import COLORS, Signals
+from workbench.topology.diagram import Signals
+from workbench.topology.diagram_svg import COLORS
 
 CELLS = [
     "import panel as pn\nimport ipywidgets as w\nimport widgets\nwidgets.extension()\n"

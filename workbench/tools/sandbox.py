@@ -28,6 +28,10 @@ rlimits, the scrubbed environment and the kill of the process group; the network
 switch to ``nobody`` hold when the OS allows them (``SandboxResult.network`` and ``.user`` say what
 was in force). Root ignores ``RLIMIT_NPROC``, so a root child without the user switch relies on the
 guard to stop fork bombs. For hostile code use a container or VM (gVisor, nsjail, bubblewrap).
+
+This module holds the parent side (:class:`PythonSandbox`, the ``python`` tool kind); the child's own
+code is in :mod:`workbench.tools.sandbox_child`, the process plumbing in
+:mod:`workbench.tools.sandbox_process` and the result record in :mod:`workbench.tools.sandbox_result`.
 """
 
 from __future__ import annotations
@@ -37,320 +41,26 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import stat
 import sys
 import sysconfig
 import tempfile
 import time
 import weakref
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from workbench.tools.base import Tool, ToolOptionError, ToolResult, truncate_text
+from workbench.tools.sandbox_child import BOOTSTRAP
+from workbench.tools.sandbox_process import drain_capped, kill_group, reachable_by_others, read_report
+from workbench.tools.sandbox_result import SandboxResult, stop_reason, why_killed
 
 NOBODY = 65534
 _MB = 1024 * 1024
 
-# Runs in the child as ``python -I -u -B -c BOOTSTRAP <config json>``, before the user's code. Everything
-# lives inside one function whose names are deleted before the user's code starts, and the guard takes
-# the builtins it needs as default arguments (replacing builtins later does not change the guard).
-BOOTSTRAP = r"""
-def _sandbox_main():
-    import json, os, resource, sys, sysconfig
-    config = json.loads(sys.argv[1])
-    report = {"network": "guard only", "user": "unchanged"}
-
-    # 1. A network namespace with no interfaces up (needs root, or unprivileged user namespaces).
-    if config["network_namespace"]:
-        newnet, newuser = 0x40000000, 0x10000000
-        unshare = getattr(os, "unshare", None)
-        if unshare is None:
-            try:
-                import ctypes
-                libc = ctypes.CDLL(None, use_errno=True)
-                def unshare(flags):
-                    if libc.unshare(flags) != 0:
-                        raise OSError(ctypes.get_errno(), "unshare failed")
-            except Exception:
-                unshare = None
-        for flags, label in ((newnet, "namespace"), (newuser | newnet, "user+network namespace")):
-            if unshare is None:
-                break
-            try:
-                unshare(flags)
-                report["network"] = label
-                break
-            except OSError:
-                continue
-        unshare = libc = None
-
-    # 2. Resource limits (soft = hard, so the code cannot raise them again).
-    def limit(which, value, hard=None):
-        if value is None:
-            return
-        _, old_hard = resource.getrlimit(which)
-        hard = value if hard is None else hard
-        if old_hard != resource.RLIM_INFINITY:
-            hard, value = min(hard, old_hard), min(value, old_hard)
-        resource.setrlimit(which, (value, hard))
-    limits = config["limits"]
-    limit(resource.RLIMIT_CPU, limits["cpu"], None if limits["cpu"] is None else limits["cpu"] + 1)
-    limit(resource.RLIMIT_AS, limits["memory"])
-    limit(resource.RLIMIT_FSIZE, limits["file_size"])
-    limit(resource.RLIMIT_NOFILE, limits["open_files"])
-    limit(resource.RLIMIT_NPROC, limits["processes"])
-    limit(resource.RLIMIT_CORE, 0)
-
-    # 3. Drop root privileges to nobody (the parent checked the interpreter is readable by others).
-    drop = config["drop_to"]
-    if drop is not None and os.geteuid() == 0 and report["network"] != "user+network namespace":
-        os.setgroups([])
-        os.setgid(drop[1])
-        os.setuid(drop[0])
-        report["user"] = "nobody (uid %d)" % drop[0]
-
-    # 4. The guard.
-    root = config["root"]
-    if config["guard"]:
-        import _posixsubprocess
-        def _refuse_fork_exec(*args, **kwargs):
-            raise PermissionError("sandbox: starting processes is not allowed")
-        _posixsubprocess.fork_exec = _refuse_fork_exec  # direct calls bypass subprocess.Popen's audit event
-        reads = {root, "/usr/lib", "/usr/lib64", "/usr/share", "/usr/local/lib", "/lib", "/lib64",
-                 "/etc/localtime", "/etc/ssl", "/etc/mime.types", "/dev/null", "/dev/zero", "/dev/urandom"}
-        for prefix in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix):
-            reads.add(os.path.realpath(prefix))
-        for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-            path = sysconfig.get_paths().get(key)
-            if path:
-                reads.add(os.path.realpath(path))
-        reads.update(config["read_paths"])
-        writes = (root, "/dev/null")
-        write_events = {"os.remove", "os.rmdir", "os.mkdir", "os.rename", "os.chmod", "os.chown", "os.utime",
-                        "os.truncate", "os.chflags", "os.lchflags", "os.setxattr", "os.removexattr",
-                        "shutil.rmtree", "os.mkfifo", "os.mknod"}
-        denied = {"os.system", "os.fork", "os.forkpty", "os.exec", "os.spawn", "os.posix_spawn", "os.startfile",
-                  "subprocess.Popen", "os.link", "os.symlink", "resource.setrlimit", "resource.prlimit",
-                  "gc.get_objects", "gc.get_referrers", "gc.get_referents", "webbrowser.open",
-                  "urllib.Request", "http.client.connect", "os.chroot", "os.setns", "os.unshare"}
-        denied_prefixes = ("socket.", "pty.", "_winapi.", "winreg.", "ftplib.", "smtplib.",
-                           "poplib.", "imaplib.", "nntplib.", "telnetlib.")
-        denied_imports = {"_posixsubprocess"}
-        # ctypes may be imported (pandas and sympy do) but not load libraries, look up symbols,
-        # call foreign functions by address or read memory at an address.
-        denied_ctypes = {"ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.cdata",
-                         "ctypes.string_at", "ctypes.wstring_at", "ctypes.PyObj_FromPtr", "ctypes.call_function"}
-        write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-        o_path = getattr(os, "O_PATH", 0)
-
-        def guard(event, args, _reads=tuple(sorted(reads)), _writes=writes, _root=root,
-                  _write_events=frozenset(write_events), _denied=frozenset(denied),
-                  _denied_prefixes=denied_prefixes, _denied_imports=frozenset(denied_imports),
-                  _denied_ctypes=frozenset(denied_ctypes),
-                  _write_flags=write_flags, _o_path=o_path, _pid=os.getpid(), _getcwd=os.getcwd,
-                  _fspath=os.fspath, _fsdecode=os.fsdecode, _stat=os.stat, _isinstance=isinstance,
-                  _str=str, _int=int, _PermissionError=PermissionError, _ImportError=ImportError):
-            def absolute(path):
-                try:
-                    path = _fspath(path)
-                except TypeError:
-                    return None
-                if _isinstance(path, bytes):
-                    path = _fsdecode(path)
-                if not path.startswith("/"):
-                    path = _getcwd() + "/" + path
-                parts = []
-                for part in path.split("/"):
-                    if part == "" or part == ".":
-                        continue
-                    if part == "..":
-                        if parts:
-                            parts.pop()
-                        continue
-                    parts.append(part)
-                return "/" + "/".join(parts)
-
-            def within(path, roots):
-                for r in roots:
-                    if path == r or path.startswith(r + "/"):
-                        return True
-                return False
-
-            def refuse(what):
-                raise _PermissionError("sandbox: " + what + " is not allowed")
-
-            if event == "open":
-                path, mode, flags = args
-                if path is None or _isinstance(path, _int):
-                    return
-                where = absolute(path)
-                if where is None:
-                    return
-                writing = (_isinstance(mode, _str) and ("w" in mode or "a" in mode or "x" in mode
-                           or "+" in mode)) or (_isinstance(flags, _int) and flags & _write_flags)
-                if writing:
-                    if not within(where, _writes):
-                        refuse("writing " + where + " (outside the sandbox directory)")
-                    return
-                if not within(where, _reads):
-                    refuse("reading " + where)
-                if mode is None and not within(where, (_root,)):
-                    if _isinstance(flags, _int) and flags & _o_path:
-                        refuse("opening " + where + " with O_PATH")
-                    try:
-                        is_dir = (_stat(where).st_mode & 0o170000) == 0o040000
-                    except OSError:
-                        is_dir = False
-                    if is_dir:
-                        refuse("opening the directory " + where)
-                return
-            if event in _write_events:
-                paths = args[:2] if event == "os.rename" else args[:1]
-                for path in paths:
-                    if path is None or _isinstance(path, _int):
-                        continue
-                    where = absolute(path)
-                    if where is not None and not within(where, _writes):
-                        refuse(event + " on " + where + " (outside the sandbox directory)")
-                return
-            if event == "import":
-                if args[0] in _denied_imports:
-                    raise _ImportError("sandbox: importing " + args[0] + " is not allowed")
-                return
-            if event == "socket.__new__":
-                if args[1:2] == (1,):  # AF_UNIX (socket pairs: asyncio's wake-up pipe)
-                    return
-                refuse("network access (socket.__new__)")
-            if event in ("os.kill", "os.killpg"):
-                if args[0] != _pid:
-                    refuse("signalling another process")
-                return
-            if event.startswith("ctypes."):
-                if event == "ctypes.dlopen" and args[0] is None:  # the interpreter itself, at import
-                    return
-                if event in _denied_ctypes:
-                    refuse(event)
-                return
-            if event.startswith("socket."):
-                refuse("network access (" + event + ")")
-            if event in _denied or event.startswith(_denied_prefixes):
-                refuse(event)
-
-        sys.addaudithook(guard)
-        guard = None
-        report["guard"] = True
-
-    # 5. Report what is in force, then run the user's code as __main__.
-    with os.fdopen(config["report_fd"], "w") as pipe:
-        pipe.write(json.dumps(report))
-    import ast, builtins, traceback, types
-    path = os.path.join(root, "main.py")
-    with open(path, encoding="utf-8") as handle:
-        source = handle.read()
-    module = types.ModuleType("__main__")
-    module.__file__ = path
-    module.__builtins__ = builtins
-    sys.modules["__main__"] = module
-    sys.argv = [path]
-    echo = config["echo"]
-    del config, report, limits, drop
-    for name in [n for n in globals() if not n.startswith("__")]:
-        del globals()[name]
-    try:
-        tree = ast.parse(source, "main.py")  # relative (cwd): no random directory in a traceback
-        last = None
-        if echo and tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)
-        exec(compile(tree, "main.py", "exec"), module.__dict__)
-        if last is not None:
-            value = eval(compile(last, "main.py", "eval"), module.__dict__)
-            if value is not None:
-                print(repr(value))
-    except SystemExit:
-        raise
-    except BaseException as error:
-        tb = error.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename != "main.py":
-            tb = tb.tb_next
-        report = traceback.TracebackException(type(error), error, tb)
-        inner = ("guard", "refuse", "absolute", "within", "_refuse_fork_exec")
-        report.stack = traceback.StackSummary.from_list(
-            [f for f in report.stack if not (f.filename == "<string>" and f.name in inner)]
-        )
-        sys.stderr.write("".join(report.format()))
-        sys.stderr.flush()
-        os._exit(1)
-_sandbox_main()
-"""
-
 
 class SandboxError(ToolOptionError):
     """The sandbox was configured wrongly (bad limits, missing interpreter)."""
-
-
-@dataclass
-class SandboxResult:
-    """One run: captured output, how it ended, and which containment layers were in force."""
-
-    stdout: str
-    stderr: str
-    exit_code: int | None
-    timed_out: bool
-    killed: str | None  # "timeout", "cpu", "memory", "file_size", "signal SIGSEGV", ... or None
-    seconds: float
-    truncated: bool = False
-    stdout_bytes: int = 0
-    stderr_bytes: int = 0
-    network: str = "unknown"  # "namespace", "user+network namespace" or "guard only"
-    user: str = "unknown"  # "nobody (uid 65534)" or "unchanged"
-    guard: bool = False
-    limits: dict[str, Any] = field(default_factory=dict)
-
-    def text(self) -> str:
-        """What the agent sees: stdout, then stderr and a non-zero exit code when there are any."""
-        out = self.stdout
-        if self.stderr:
-            out += ("" if not out or out.endswith("\n") else "\n") + "[stderr]\n" + self.stderr
-        if self.exit_code not in (0, None) and self.killed is None:
-            out += ("" if not out or out.endswith("\n") else "\n") + f"[exit code {self.exit_code}]"
-        return out if out.strip() else "[no output]"
-
-
-def _reachable_by_others(paths: list[str], directories: list[str]) -> bool:
-    """Whether others (``nobody``) can reach each path (its parents searchable) and enter each directory."""
-    needed = [p for raw in paths for p in Path(os.path.realpath(raw)).parents]
-    needed += [
-        p for raw in directories for p in (Path(os.path.realpath(raw)), *Path(os.path.realpath(raw)).parents)
-    ]
-    for directory in needed:
-        try:
-            if not os.stat(directory).st_mode & stat.S_IXOTH:
-                return False
-        except OSError:
-            return False
-    return True
-
-
-async def _drain(stream: asyncio.StreamReader, cap: int, sink: bytearray) -> int:
-    """Read ``stream`` to EOF keeping at most ``cap`` bytes in ``sink``; returns the total byte count."""
-    total = 0
-    while True:
-        chunk = await stream.read(65536)
-        if not chunk:
-            return total
-        total += len(chunk)
-        room = cap - len(sink)
-        if room > 0:
-            sink += chunk[:room]
-
-
-def _kill_group(process: asyncio.subprocess.Process) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        process.kill()
 
 
 class PythonSandbox:
@@ -414,7 +124,7 @@ class PythonSandbox:
             interpreter = [self.python]
             if self.python == sys.executable:
                 interpreter += [sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")]
-            if _reachable_by_others(interpreter, [self.workdir or tempfile.gettempdir()]):
+            if reachable_by_others(interpreter, [self.workdir or tempfile.gettempdir()]):
                 self.drop_to = (NOBODY, NOBODY)
 
     @property
@@ -503,21 +213,23 @@ class PythonSandbox:
             report_write = -1
             cap = self.output_limit * 4 + 4  # UTF-8: at most 4 bytes a character
             out, err = bytearray(), bytearray()
-            readers = asyncio.gather(_drain(process.stdout, cap, out), _drain(process.stderr, cap, err))
+            readers = asyncio.gather(
+                drain_capped(process.stdout, cap, out), drain_capped(process.stderr, cap, err)
+            )
             timed_out = False
             try:
                 await asyncio.wait_for(asyncio.shield(process.wait()), self.timeout)
             except TimeoutError:
                 timed_out = True
-                _kill_group(process)
+                kill_group(process)
                 await process.wait()
-            _kill_group(process)  # anything left in its group (the guard normally stops children)
+            kill_group(process)  # anything left in its group (the guard normally stops children)
             try:
                 out_bytes, err_bytes = await asyncio.wait_for(readers, 2.0)
             except TimeoutError:  # a descendant outside the group still holds a pipe
                 readers.cancel()
                 out_bytes, err_bytes = len(out), len(err)
-            report = _read_report(report_read)
+            report = read_report(report_read)
             stdout, cut_out = truncate_text(out.decode("utf-8", "replace"), self.output_limit)
             stderr, cut_err = truncate_text(err.decode("utf-8", "replace"), self.output_limit)
             cut = cut_out or cut_err or out_bytes > len(out) or err_bytes > len(err)
@@ -526,7 +238,7 @@ class PythonSandbox:
                 stderr=stderr,
                 exit_code=process.returncode,
                 timed_out=timed_out,
-                killed=self._why_killed(process.returncode, timed_out, stderr),
+                killed=why_killed(process.returncode, timed_out, stderr),
                 seconds=time.perf_counter() - started,
                 truncated=cut,
                 stdout_bytes=out_bytes,
@@ -538,7 +250,7 @@ class PythonSandbox:
             )
         finally:
             if process is not None and process.returncode is None:
-                _kill_group(process)
+                kill_group(process)
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(process.wait(), 5.0)
             if readers is not None and not readers.done():
@@ -548,48 +260,6 @@ class PythonSandbox:
                     with contextlib.suppress(OSError):
                         os.close(fd)
             shutil.rmtree(root, ignore_errors=True)
-
-    def _why_killed(self, code: int | None, timed_out: bool, stderr: str) -> str | None:
-        if timed_out:
-            return "timeout"
-        if code is None or code == 0:
-            return None
-        if code < 0:
-            number = -code
-            if number == signal.SIGXCPU:
-                return "cpu"
-            if number == signal.SIGXFSZ:
-                return "file_size"
-            try:
-                return f"signal {signal.Signals(number).name}"
-            except ValueError:
-                return f"signal {number}"
-        last = stderr.rstrip().rsplit("\n", 1)[-1]
-        if last.startswith("MemoryError"):
-            return "memory"
-        if last.startswith("OSError: [Errno 27]"):
-            return "file_size"
-        return None
-
-
-def _read_report(fd: int) -> dict[str, Any]:
-    os.set_blocking(fd, False)
-    chunks = []
-    with contextlib.suppress(BlockingIOError, OSError):
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-    try:
-        return json.loads(b"".join(chunks) or b"{}")
-    except ValueError:
-        return {}
-
-
-_REASONS = {
-    "timeout": "killed after the {wall_seconds:g} s wall-clock limit",
-    "cpu": "killed after the {cpu_seconds} s CPU limit",
-    "memory": "ran out of memory (limit {memory_mb} MB)",
-    "file_size": "wrote a file over the {file_size_mb} MB limit",
-}
 
 
 class PythonTool(Tool):
@@ -615,13 +285,10 @@ class PythonTool(Tool):
         result = await self.sandbox.run(arguments["code"])
         metadata = {k: v for k, v in asdict(result).items() if k not in ("seconds",)}
         if result.killed is not None:
-            reason = _REASONS.get(result.killed, "died from {killed}").format(
-                killed=result.killed, **result.limits
-            )
             return ToolResult(
                 ok=False,
                 content=result.text(),
-                error=f"{self.name}: {reason}",
+                error=f"{self.name}: {stop_reason(result)}",
                 truncated=result.truncated,
                 seconds=result.seconds,
                 metadata=metadata,
