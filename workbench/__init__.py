@@ -5,6 +5,7 @@
     topology = wb.load_topology("marsrl")
     tasks = wb.generate_tasks("arithmetic", n=8, seed=0)
     result = wb.rollout(topology, tasks, model="smollm2-135m")
+    engine = wb.start_engine("smollm2-135m", backend="vllm")   # started once: wb.rollout(..., backend=engine), cell after cell
     run = wb.train("marsrl", config=wb.TrainConfig(steps=20))   # returns at once; run.wait()
     wb.compare(["runs/a", "runs/b"])    # config diff, seed groups, curves, held-out outcomes (widgets.Compare draws it)
 """
@@ -28,6 +29,7 @@ _LAZY = {
     "Task": ("workbench.tasks", "Task"),
     "resolve_model": ("workbench.models", "resolve"),
     "rollout": ("workbench.runs", "rollout"),
+    "start_engine": ("workbench.backends.warm", "start_engine"),
     "replay": ("workbench.analysis.replay", "replay"),
     "replay_calls": ("workbench.analysis.replay_batch", "replay_calls"),
     "graph_signals": ("workbench.analysis.signals", "graph_signals"),

