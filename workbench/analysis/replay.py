@@ -8,7 +8,8 @@ completions and tool results, tools never re-executed. Each *arm* is N continuat
 - ``replace``: the call's first turn is the researcher's ``replacement`` text, the rest is sampled.
 
 Continuation ``j`` seeds its generations with ``request_seed`` from ``seed`` (continuation 0 with
-``seed`` itself), each call at its stored position: a source rolled out with ``per_call_seeds=True`` and
+``seed`` itself), each call at its stored place (``workbench.engine.episode_state``; a run stored before calls
+recorded their places: at its position): a source rolled out with ``per_call_seeds=True`` and
 the same seed and settings is reproduced exactly by continuation 0 of the ``resample`` arm (from any sample
 of a grouped call, that sample). Each arm is one step of a new run (config
 kind ``replay``, linked to the source run, episode and call), which opens like any run.

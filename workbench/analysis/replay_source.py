@@ -69,13 +69,18 @@ class SourceCall:
 
     def on_its_branch(self) -> SourceCall:
         """The call on its branch alone: a grouped episode's calls from its first call to this one, along
-        each call's ``previous``, renumbered as the one-branch episode a replay re-runs (positions 0..k)."""
+        each call's ``previous``, renumbered as the one-branch episode a replay re-runs (positions 0..k): found
+        by position and seeded as stored (``seed_position``), their places dropped (they name the group's)."""
         by_position = {c.position: c for c in self.calls}
         path = [self.call]
         while path[-1].previous is not None:
             path.append(by_position[path[-1].previous])
         path.reverse()
-        calls = [replace(c, position=i, previous=None, source=None) for i, c in enumerate(path)]
+        calls = [
+            replace(c, position=i, previous=None, source=None,
+                    timings={k: v for k, v in c.timings.items() if k != "place"})
+            for i, c in enumerate(path)
+        ]  # fmt: skip
         ids = {i: self.call_ids[c.position] for i, c in enumerate(path)}
         stored = {i: c.position for i, c in enumerate(path)}
         point = len(path) - 1  # a later call k steps on seeds as if k past the stored episode's last call

@@ -31,7 +31,7 @@ class AgentLoop:
     ) -> dict:
         """The multi-turn loop: generate, run the tool calls, insert results, until an answer or the turn limit."""
         role = self.topology.roles[node.agent]
-        position = state.reserve()
+        position = self._reserve(state)
         backend = self.backends[role.policy]
         protocol = make_protocol(node.protocol, **node.protocol_options)
         conversation = self._conversation(node.agent, backend, variables)

@@ -10,8 +10,14 @@ Every forced turn checks that the prompt the engine built is token-for-token the
 prompt of the replayed call itself), and raises ``ReplayDivergence`` where it is not: the spec, the
 task, the templates or the tokenizer changed since the episode ran.
 
-``request_seed`` derives a generation request's own seed (the engine's ``Rollout(seed=...)``); ``step_seed``
-the seed of one training step's rollout, from which its requests' seeds are derived in turn.
+A stored call is found by its place in the episode's structure (``timings["place"]``,
+``workbench.engine.episode_state``), so a replay forces the same calls whatever order its parallel branches
+start in; an episode stored before calls recorded their places is replayed as it was made, by the order its
+calls started in (and seeded by their positions, as it was).
+
+``request_seed`` derives a generation request's own seed (the engine's ``Rollout(seed=...)``) from where the
+request is (its call's place and turn); ``step_seed`` the seed of one training step's rollout, from which its
+requests' seeds are derived in turn.
 """
 
 from __future__ import annotations
@@ -38,9 +44,10 @@ class ReplayUnsupported(ValueError):
     """A replay the forcing cannot keep exact (a routed tool's raw output is not stored)."""
 
 
-def request_seed(seed: int, task_id: str, sample: int, position: int, turn: int) -> int:
-    """The seed of one generation request: a 31-bit hash of the rollout seed and where the request is."""
-    key = f"{seed}/{task_id}/{sample}/{position}/{turn}".encode()
+def request_seed(seed: int, task_id: str, sample: int, place: int | str, turn: int) -> int:
+    """The seed of one generation request: a 31-bit hash of the rollout seed and where the request is (its
+    call's place, ``workbench.engine.episode_state``: on the episode's own line, its position)."""
+    key = f"{seed}/{task_id}/{sample}/{place}/{turn}".encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") & 0x7FFF_FFFF
 
 
@@ -87,9 +94,14 @@ class Forcing:
     ``keep=True`` the replayed call is forced too (its tool results included), and with ``replacement``
     its first turn is that text (tokenised by the role's tokenizer, ended with its end-of-sequence token)
     and the rest is sampled. ``tokenizers`` (by policy) make a tool text the store
-    capped whole again from the call's tokens. ``seed_position`` maps a position of the replay to the
-    position whose request seeds it takes (``request_seed``): a replay that renumbers the stored calls (one
-    branch of a grouped episode) seeds each as the stored call was seeded. By default, the position itself.
+    capped whole again from the call's tokens.
+
+    Where every stored call has its place (``by_place``), a replay's call takes the position of the stored
+    call at its place (``position``) and is seeded by its place; elsewhere (an episode stored before places,
+    or one branch of a grouped episode renumbered) calls are numbered in the order they start and seeded by
+    position: ``seed_position`` maps a position of the replay to the position whose request seeds it takes
+    (``request_seed``), so a replay that renumbers the stored calls seeds each as the stored call was seeded.
+    By default, the position itself.
     """
 
     def __init__(
@@ -110,9 +122,22 @@ class Forcing:
         self.tokenizers = dict(tokenizers or {})
         self.seed_position = seed_position or (lambda position: position)
         self._turns = {p: turns(c) for p, c in self.calls.items()}
+        places = {c.timings.get("place"): c.position for c in calls}
+        self.by_place = None not in places
+        self._positions = places if self.by_place else {}
+        #: the first position of a call the stored episode does not have
+        self.first_new = max(self.calls) + 1 if self.by_place else 0
         self.forced: set[int] = set()  # positions whose generations were answered here
         self.ancestors = ancestors(calls, point)
         self._reached = False  # the replayed call has started: its ancestors' later turns are sampled
+
+    def position(self, place: str) -> int | None:
+        """The position of the stored call at ``place`` (None: none, or calls are found by start order)."""
+        return self._positions.get(place)
+
+    def seed_key(self, position: int, place: str) -> int | str:
+        """What the request seeds of the replay's call at ``position`` and ``place`` derive from."""
+        return place if self.by_place else self.seed_position(position)
 
     def _forced(self, position: int) -> bool:
         if position in self.ancestors:

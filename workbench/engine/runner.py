@@ -2,17 +2,20 @@
 
 Episodes run concurrently as coroutines, so a batching backend sees every agent that is ready at once. A
 seeded rollout gives each generation request a seed of its own (``request_seed``: the seed, or in training the
-step's seed, the task, the sample, the call's position and turn), so what a call draws does not depend on which
-requests share its decode batch, how fast a tool answered, or which process ran it. A malformed output is
-recorded as a format failure and the episode goes on; a tool that fails or times out is recorded as a tool error
-and the agent sees that error; an exception inside one episode is recorded on that episode and never stops the
-others. ``Rollout`` walks the flow and makes the calls; its agent steps are ``workbench.engine.agent_loop``, its
-tool calls ``workbench.engine.tool_calls``.
+step's seed, the task, the sample, the call's place in the episode's structure and turn,
+``workbench.engine.episode_state``), so what a call draws does not depend on which requests share its decode
+batch, how fast a tool answered, which process ran it, or which of parallel branches started first; an
+episode's calls are numbered in the order of their places. A malformed output is recorded as a format failure
+and the episode goes on; a tool that fails or times out is recorded as a tool error and the agent sees that
+error; an exception inside one episode is recorded on that episode and never stops the others. ``Rollout``
+walks the flow and makes the calls; its agent steps are ``workbench.engine.agent_loop``, its tool calls
+``workbench.engine.tool_calls``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import threading
 import time
@@ -22,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from workbench.backends.base import Backend, Generation, GenerationRequest
 from workbench.engine.agent_loop import AgentLoop, postprocess
 from workbench.engine.conversation import Conversation
-from workbench.engine.episode_state import Branch, Cancelled, EpisodeState
+from workbench.engine.episode_state import Branch, Cancelled, EpisodeState, renumber
 from workbench.engine.forcing import Forcing, request_seed, step_seed
 from workbench.engine.mas_graph import substitute
 from workbench.engine.parsers import PARSERS, FormatError
@@ -52,8 +55,9 @@ class Rollout(AgentLoop, ToolCalls):
         forcing: Forcing | None = None,
     ):
         """``seed``: give every generation request a seed of its own, derived from ``seed``, the task, the
-        episode's sample and the call's position and turn (``request_seed``), so that an episode's draws
-        do not depend on what else was decoded beside it; None (the default) leaves requests unseeded.
+        episode's sample and the call's place and turn (``request_seed``), so that an episode's draws do not
+        depend on what else was decoded beside it, nor on the timing of its parallel branches; None (the
+        default) leaves requests unseeded.
         A training step passes its ``step`` to ``run``/``episode``/``grouped``: its requests' seeds then
         derive from ``step_seed(seed, step)``, so a task drawn again at a later step draws other tokens.
         ``forcing``: answer some generations and tool calls from a stored episode instead (a replay's
@@ -119,10 +123,24 @@ class Rollout(AgentLoop, ToolCalls):
             return self.seed
         return step_seed(self.seed, step)
 
+    def _state(self, record: EpisodeRecord, step: int | None) -> EpisodeState:
+        """A new episode's state; a replay numbers calls its stored episode lacks after the stored ones."""
+        first = 0 if self.forcing is None else self.forcing.first_new
+        return EpisodeState(record, self._seed(step), positions=itertools.count(first))
+
+    def _reserve(self, state: EpisodeState) -> int:
+        """The position of a new call on ``state``'s line (a replay's: the stored call's at its place)."""
+        place = state.take()
+        position = None if self.forcing is None else self.forcing.position(place)
+        if position is None:
+            position = next(state.positions)
+        state.places[position] = place
+        return position
+
     async def episode(self, task: Task, sample: int = 0, step: int | None = None) -> EpisodeRecord:
         """One episode of ``task`` (its ``sample``-th); ``step``: the training step it belongs to (its seeds)."""
         record = EpisodeRecord(task_id=task.id, group=task.id, sample=sample)
-        state = EpisodeState(record, self._seed(step))
+        state = self._state(record, step)
         variables: dict[str, Any] = {
             **self.topology.params,
             "question": task.question,
@@ -136,7 +154,7 @@ class Rollout(AgentLoop, ToolCalls):
             record.status = "error"
             record.error = describe_error(error)
         record.variables = {k: v for k, v in variables.items() if k != "task"}
-        record.calls.sort(key=lambda c: c.position)
+        renumber(record, state.places, reorder=self.forcing is None)  # a replay keeps the stored positions
         await judge_calls(self.topology, record, task, self._judge)
         record.reward = assign(self.topology, record, task)
         return record
@@ -165,7 +183,7 @@ class Rollout(AgentLoop, ToolCalls):
         """
         base = {**self.topology.params, "question": task.question, "task": task.to_dict()}
         states = [
-            EpisodeState(EpisodeRecord(task_id=task.id, group=task.id, sample=i), self._seed(step))
+            self._state(EpisodeRecord(task_id=task.id, group=task.id, sample=i), step)
             for i in range(group_size)
         ]
         rng = random.Random(f"{task.id}")
@@ -202,8 +220,8 @@ class Rollout(AgentLoop, ToolCalls):
                     frontier.setdefault(goto, []).append(branch)
             first = False
         records = []
-        for state in states:
-            state.record.calls.sort(key=lambda c: c.position)
+        for state in states:  # numbered as they started: one level at a time, in its branches' order
+            renumber(state.record, state.places, reorder=False)
             await judge_calls(self.topology, state.record, task, self._judge)
             state.record.reward = assign(self.topology, state.record, task)
             records.append(state.record)
@@ -352,10 +370,11 @@ class Rollout(AgentLoop, ToolCalls):
         items = _evaluate(node.over, variables)
         if isinstance(items, int):
             items = list(range(items))
+        items = list(items or [])
         calls = await asyncio.gather(
             *(
-                self._call(node_name, node.map, {**variables, node.item: item}, state, parent)
-                for item in items or []
+                self._call(node_name, node.map, {**variables, node.item: item}, line, parent)
+                for item, line in zip(items, state.fork(len(items)), strict=True)
             )
         )
         variables[node.into] = [c.completion_text for c in calls]
@@ -368,7 +387,7 @@ class Rollout(AgentLoop, ToolCalls):
         results: dict[str, str] = {}
         question = variables.get("question", "")
 
-        async def run_agent(agent_id: str) -> tuple[str, str]:
+        async def run_agent(agent_id: str, line: EpisodeState) -> tuple[str, str]:
             agent = agents[agent_id]
             subflow = node.agents.get(agent["name"])
             if subflow is None:
@@ -386,11 +405,14 @@ class Rollout(AgentLoop, ToolCalls):
                 "roles": agent["roles"],
                 "agent": agent,
             }
-            answer, _ = await self._walk(self.topology.subflows[subflow], scope, state, parent)
+            answer, _ = await self._walk(self.topology.subflows[subflow], scope, line, parent)
             return agent_id, answer
 
         for level in graph.get("order", []):
-            results.update(await asyncio.gather(*(run_agent(a) for a in level)))
+            lines = state.fork(len(level))
+            results.update(
+                await asyncio.gather(*(run_agent(a, line) for a, line in zip(level, lines, strict=True)))
+            )
         sink = graph.get("sink")
         fallback = graph.get("answer") or ""
         variables[node.into] = results.get(sink, fallback) if sink else fallback
@@ -407,7 +429,7 @@ class Rollout(AgentLoop, ToolCalls):
     ) -> CallRecord:
         """One generation of a role from its templated prompt."""
         role = self.topology.roles[role_name]
-        position = state.reserve()
+        position = self._reserve(state)
         backend = self.backends[role.policy]
         conversation = self._conversation(role_name, backend, variables)
         queued = time.time()
@@ -508,7 +530,8 @@ class Rollout(AgentLoop, ToolCalls):
         max_tokens = role.sampling.max_tokens
         if self.max_tokens is not None:
             max_tokens = min(max_tokens, self.max_tokens)
-        seeded = position if self.forcing is None else self.forcing.seed_position(position)
+        place = state.places[position]
+        seeded = place if self.forcing is None else self.forcing.seed_key(position, place)
         (generation,) = await backend.generate(
             GenerationRequest(
                 prompt_ids=prompt_ids,

@@ -34,7 +34,9 @@ class ToolCalls:
         index: int = 0,
     ) -> tuple[str, dict[str, Any]]:
         """The ``index``-th tool call of the agent call at ``parent``: refused as a duplicate, taken from
-        the forced episode (a replay's prefix), or run."""
+        the forced episode (a replay's prefix), or run; its calls (an agent tool's, a routed tool's) run on a
+        line of their own."""
+        state = state.under(parent, index)
         if self.forcing is not None:
             forced = self.forcing.tool_result(parent, index, call.name)
             if forced is not None:
@@ -191,10 +193,10 @@ class ToolCalls:
                     f"{call.name}:{spec.route.via}",
                     spec.route.via,
                     {**variables, "arguments": call.arguments, spec.route.variable: text},
-                    state,
+                    line,
                     parent,
                 )
-                for text in bins
+                for text, line in zip(bins, state.fork(len(bins)), strict=True)
             )
         )
         return [c.completion_text for c in calls]
