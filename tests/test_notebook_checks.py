@@ -49,3 +49,24 @@ def test_a_stored_check_fails_when_the_output_changes(tmp_path):
     nbformat.write(stored, path)
     failed = subprocess.run(run, capture_output=True, text=True, cwd=tmp_path)
     assert failed.returncode != 0 and "outputs differ" in failed.stdout
+
+
+def test_the_comparison_notebook_under_papermill_draws_seeds_as_a_band(tmp_path):
+    """``notebooks/compare_runs.ipynb`` on three seeds of one config and a run of another (the browser test's
+    comparison, ``tests.compare_runs``) instead of its default gallery pair: its checked cells' assertions hold,
+    the seeds are one group drawn as a band beside the other run's line, and the outcomes set each run against
+    the first on the same tasks."""
+    import papermill
+
+    from tests.compare_runs import seeded_runs
+
+    runs = [str(run) for run in seeded_runs(tmp_path / "runs")]
+    done = papermill.execute_notebook(
+        str(ROOT / "notebooks" / "compare_runs.ipynb"), str(tmp_path / "out.ipynb"), parameters={"runs": runs},
+        cwd=str(ROOT / "notebooks"), kernel_name="python3", progress_bar=False,
+    )  # fmt: skip
+    printed = "".join(o.get("text", "") for c in done["cells"] for o in c.get("outputs", []))
+    names = [Path(run).name for run in runs]
+    assert f"learning_rate=1e-05: {names[:3]}" in printed and f"learning_rate=0.0001: {names[3:]}" in printed
+    assert "'band:learning_rate=1e-05'" in printed and "'line:learning_rate=0.0001'" in printed
+    assert f"{names[3]} vs {names[0]}, system after training: +0.375 ± 0.183" in printed

@@ -6,10 +6,11 @@ wired to a Python callback and the run's RunGraph. Chromium opens the notebook a
 JupyterLab's own command; the test then checks what the browser shows: the monitor's plots and current
 step, the slider, the button's round trip through the kernel (the pane's text changes after a click), the
 graph's nodes filled by the Solver's reward with the number on hover, and the fill following the graph's
-step slider, and its play toggle to the next step; the TopologyEditor's canvas nodes with their own look.
+step slider, and its play toggle to the next step; the TopologyEditor's canvas nodes with their own look; a
+comparison of three seeds of one config and a run of another (``widgets.Compare``) as a band and a line.
 Then it writes a new step to the run and the monitor in the page shows it. With the four widgets (editor,
-launcher, trajectory browser, monitor) shown, the page requests nothing from any other machine: scripts and
-stylesheets all come from the Jupyter server.
+launcher, trajectory browser, monitor) and the comparison shown, the page requests nothing from any other
+machine: scripts and stylesheets all come from the Jupyter server.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import nbformat
 import pytest
 
 from tests.browser.conftest import free_port, screenshot, wait_until_up
+from tests.browser.test_compare import RENDERERS
+from tests.compare_runs import seeded_runs
 from workbench.store import RunStore
 from workbench.topology.diagram import Signals
 from workbench.topology.diagram_svg import COLORS
@@ -41,6 +44,7 @@ CELLS = [
     "from widgets.run_graph import RunGraph\npn.Column(RunGraph(RUN_DIR), css_classes=['nb-graph'])",
     "from widgets import TopologyEditor, TrajectoryBrowser\n"
     "pn.Column(TopologyEditor('marsrl'), TrajectoryBrowser(RUN_DIR), css_classes=['nb-editor'])",
+    "from widgets import Compare\npn.Column(Compare(COMPARED), css_classes=['nb-compare'])",
 ]
 SOLVE = ".nb-graph svg.topology-diagram g.node[data-name='solve']"
 
@@ -63,7 +67,8 @@ def lab(tmp_path):
     _step(store, 1)
     notebook = nbformat.v4.new_notebook()
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    setup = f"RUNS_DIR = {str(runs)!r}\nRUN_DIR = {str(store.run_dir)!r}"
+    compared = [str(run) for run in seeded_runs(tmp_path / "compared")]
+    setup = f"RUNS_DIR = {str(runs)!r}\nRUN_DIR = {str(store.run_dir)!r}\nCOMPARED = {compared!r}"
     notebook.cells = [nbformat.v4.new_code_cell(setup), *(nbformat.v4.new_code_cell(c) for c in CELLS)]
     nbformat.write(notebook, tmp_path / "widgets.ipynb")
     port, token = free_port(), secrets.token_hex(16)
@@ -159,6 +164,11 @@ def test_widgets_render_and_respond_in_jupyterlab(lab, page):
     assert call.evaluate("(n) => getComputedStyle(n).borderLeftWidth") == "6px", (
         "the start step's thick border"
     )
+    # the comparison of three seeds of one config and a run of another: a band and a line, drawn by BokehJS
+    page.wait_for_selector(".nb-compare .wb-compare-group[data-kind='band'][data-runs='3']", timeout=60_000)
+    assert page.locator(".nb-compare .wb-compare-group[data-kind='line']").count() == 1
+    page.wait_for_function(f"({RENDERERS})('band').length > 0", timeout=30_000)
+    assert page.locator(".nb-compare .wb-compare-outcomes tr[data-kind='group']").count() == 3
     # a step written now appears in the live monitor
     _step(store, 2)
     page.wait_for_selector('.wb-step[data-step="2"]', timeout=30_000)

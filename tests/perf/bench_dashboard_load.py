@@ -1,7 +1,7 @@
 """Dashboard load benchmark: what N browser-like viewers of the dashboard get while a real training run writes.
 
-    python -m tests.perf.bench_dashboard_load --quick     # 3 viewers, 6 s unwatched + 12 s watched
-    python -m tests.perf.bench_dashboard_load             # 20 viewers, 20 s + 45 s (the issue's figure)
+    python -m tests.perf.bench_dashboard_load --quick     # 3 viewers, 6 s unwatched + 12 s watched, twice
+    python -m tests.perf.bench_dashboard_load             # 20 viewers, 20 s + 45 s, twice (the issue's figure)
     python -m tests.perf.bench_dashboard_load --browsers 2   # and 2 real Chromium pages alongside
 
 ``workbench serve`` (sign-in on, a users file of viewers) and ``workbench train`` (the tiny model, steps as
@@ -12,6 +12,10 @@ run's page (``/?run=<id>``, the Curves tab), opens the websocket, pulls the docu
 ``document_ready`` event a browser sends once it has drawn it, and then takes the server's patches, following
 the ``data-step`` of the monitor header, until the end. ``--browsers K`` also opens K pages in a real headless
 Chromium (Debian's, driven by Playwright), signed in the same way, whose header steps are read in the page.
+Then, in the same run, N viewers arrive again, a share of them (``--compare-share``, half by default) on the
+comparison of the run with the gallery's MarsRL run (``/?compare=<id>,summary:marsrl``: its curves follow the
+run, each session drawing its own figures), the others on the run's page again; a comparison's step is the
+last x of its plots' new data (``dashboard_client.Tab``).
 
 Reported: per viewer, the seconds from asking for the page to having the document (``first_doc_s``, target
 <= 5 s) and the sign-in before it (``sign_in_s``); over all viewers and steps committed after a viewer had its
@@ -20,8 +24,11 @@ later step) at p50 and p95 (target p95 <= 5 s), and the steps a viewer never sho
 (``updates_missed``); sessions that failed; tracebacks in the server's log; the server's CPU seconds while
 watched, and whether it ever loaded torch (it must not); the clients' own CPU seconds and the longest
 their event loop was late (their times are only as good as that); the trainer's steps/s unwatched and watched, and their ratio (target >= 0.8); the machine's load
-average before and after. ``--server-path DIR`` puts DIR first on the server's ``PYTHONPATH`` (to measure
-other widgets, e.g. an older checkout's, side by side).
+average before and after. The JSON's top level is the first phase (every viewer on the run's page);
+``compare`` holds the second: the figures of the run's pages and of the comparisons, the trainer's ratio, and
+the ratios of the second phase to the first (first document p95, update lag p95, server CPU, trainer steps/s),
+measured side by side on the same run and machine. ``--server-path DIR`` puts DIR first on the server's
+``PYTHONPATH`` (to measure other widgets, e.g. an older checkout's, side by side).
 """
 
 from __future__ import annotations
@@ -45,6 +52,9 @@ from tests.perf.runner import REPO, machine, now, write_json
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "dashboard_load.json"
 TARGET_S = 5.0
+#: The committed summary a comparison puts beside the training run (``reports/runs/marsrl``, 25 steps: the run
+#: has more by the time it is compared, so the largest x a comparison shows is the run's).
+COMPARED = "summary:marsrl"
 PASSWORD = "load-benchmark-password"
 TRAIN = {
     "model": "tiny", "steps": 100_000, "batch_size": 2, "group_size": 2, "max_tokens": 4,
@@ -85,8 +95,8 @@ def write_users(path: Path, names: list[str]) -> None:
 class Viewer:
     """A viewer's figures, from a browser-like ``Tab`` or a Chromium page."""
 
-    def __init__(self, kind: str, address: str) -> None:
-        self.kind, self.address = kind, address
+    def __init__(self, kind: str, address: str, path: str = "") -> None:
+        self.kind, self.address, self.path = kind, address, path
         self.sign_in_s: float | None = None
         self.asked: float | None = None
         self.first_doc: float | None = None
@@ -97,7 +107,7 @@ class Viewer:
 async def _tab(url: str, name: str, address: str, path: str, stop: asyncio.Event) -> Viewer:
     tab = Tab(url, address)
     await tab.visit(name, PASSWORD, path, stop)
-    viewer = Viewer("client", address)
+    viewer = Viewer("client", address, path)
     viewer.sign_in_s, viewer.asked, viewer.first_doc = tab.sign_in_s, tab.asked, tab.first_doc
     viewer.seen, viewer.error = tab.seen, tab.error
     return viewer
@@ -110,7 +120,7 @@ async def _chromium(url: str, names: list[str], path: str, stop: asyncio.Event) 
     from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
 
     async def page_of(browser: Any, name: str) -> Viewer:
-        viewer = Viewer("chromium", "127.0.0.1")
+        viewer = Viewer("chromium", "127.0.0.1", path)
         context = await browser.new_context(viewport={"width": 1400, "height": 1000})
         try:
             page = await context.new_page()
@@ -147,10 +157,11 @@ async def _chromium(url: str, names: list[str], path: str, stop: asyncio.Event) 
 
 
 async def watch(
-    url: str, run_id: str, clients: int, browsers: int, seconds: float
+    url: str, run_id: str, paths: list[str], browsers: int, seconds: float
 ) -> tuple[list[Viewer], float]:
-    """``clients`` browser-like viewers (and ``browsers`` Chromium pages) arriving at once, held ``seconds``;
-    also the longest the clients' own event loop was late (their times are only as good as that)."""
+    """Browser-like viewers of ``paths`` (one each) and ``browsers`` Chromium pages of the run arriving at once,
+    held ``seconds``; also the longest the clients' own event loop was late (their times are only as good as
+    that)."""
     stop = asyncio.Event()
     late = [0.0]
 
@@ -163,8 +174,8 @@ async def watch(
     ticker = asyncio.ensure_future(lateness())
     path = f"/?run={run_id}"
     tasks = [
-        asyncio.ensure_future(_tab(url, f"viewer{i}", f"127.0.0.{10 + i}", path, stop))
-        for i in range(clients)
+        asyncio.ensure_future(_tab(url, f"viewer{i}", f"127.0.0.{10 + i}", page, stop))
+        for i, page in enumerate(paths)
     ]
     if browsers:
         names = [f"browser{i}" for i in range(browsers)]
@@ -249,6 +260,7 @@ def _figures(viewers: list[Viewer], finished: dict[int, float], until: float) ->
             {
                 "kind": viewer.kind,
                 "address": viewer.address,
+                "path": viewer.path,
                 "sign_in_s": viewer.sign_in_s,
                 "first_doc_s": None if viewer.first_doc is None else viewer.first_doc - viewer.asked,
                 "updates": len(viewer_lags),
@@ -280,12 +292,62 @@ def _figures(viewers: list[Viewer], finished: dict[int, float], until: float) ->
     }
 
 
+def _ratio(value: float | None, base: float | None) -> float | None:
+    return value / base if value is not None and base else None
+
+
+def _compared(
+    first: dict[str, Any],
+    first_rate: float,
+    viewers: list[Viewer],
+    finished: dict[int, float],
+    start: float,
+    seconds: float,
+    server_cpu: dict[str, float],
+    late: float,
+) -> dict[str, Any]:
+    """The second phase's figures (its viewers arrived at ``start``, held ``seconds``), the comparisons' and the
+    run pages' apart, and its ratios to the first phase's (``first``: its figures, ``first_rate``: the trainer's
+    steps/s then; ``server_cpu``: the server's CPU seconds in each)."""
+    until = start + seconds
+    comparisons = [v for v in viewers if "compare=" in v.path]
+    both = _figures(viewers, finished, until)
+    rate = _rate(finished, start, until)
+    found = {
+        "path": comparisons[0].path if comparisons else None,
+        "viewers_on_comparison": len(comparisons),
+        **{k: both[k] for k in ("sessions_connected", "session_failures", "first_doc_s", "update_lag_s")},
+        "comparison": _figures(comparisons, finished, until),
+        "run_page": _figures([v for v in viewers if v not in comparisons], finished, until),
+        "train_steps_per_s_watched": rate,
+        "server_cpu_s_watched": server_cpu["second"],
+        "client_loop_late_max_s": late,
+    }
+    found["ratios"] = {  # the second phase over the first (every viewer on the run's page)
+        "first_doc_p95": _ratio(both["first_doc_s"]["p95"], first["first_doc_s"]["p95"]),
+        "comparison_first_doc_p95": _ratio(
+            found["comparison"]["first_doc_s"]["p95"], first["first_doc_s"]["p95"]
+        ),
+        "update_lag_p95": _ratio(both["update_lag_s"]["p95"], first["update_lag_s"]["p95"]),
+        "comparison_update_lag_p95": _ratio(
+            found["comparison"]["update_lag_s"]["p95"], first["update_lag_s"]["p95"]
+        ),
+        "server_cpu": _ratio(server_cpu["second"], server_cpu["first"]),
+        "train_steps_per_s": _ratio(rate, first_rate),
+    }
+    return found
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--viewers", type=int, help="browser-like viewers (20; --quick: 3)")
     parser.add_argument("--browsers", type=int, default=0, help="real Chromium pages alongside them")
     parser.add_argument("--seconds", type=float, help="seconds watched (unwatched: less than half)")
+    parser.add_argument(
+        "--compare-share", type=float, default=0.5,
+        help="share of the viewers on a comparison in the second phase (0: no second phase)",
+    )  # fmt: skip
     parser.add_argument("--server-path", type=Path)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
@@ -328,12 +390,20 @@ def main(argv: list[str] | None = None) -> dict:
             server_cpu_unwatched = cpu_seconds(server.pid) - server_cpu
             server_cpu, client_cpu = cpu_seconds(server.pid), time.process_time()
             # steps committed near the end get the target's time to be shown
+            run_page = f"/?run={run_id}"
             viewers, client_late = asyncio.run(
-                watch(url, run_id, viewers_n, args.browsers, watched_s + TARGET_S)
+                watch(url, run_id, [run_page] * viewers_n, args.browsers, watched_s + TARGET_S)
             )
             client_cpu = time.process_time() - client_cpu
             watched_to = unwatched_to + watched_s
             server_cpu_watched = cpu_seconds(server.pid) - server_cpu
+            compared_n = round(viewers_n * args.compare_share)
+            if compared_n:  # the second phase: as many viewers, some of them on the comparison
+                compare_page = f"/?compare={run_id},{COMPARED}"
+                paths = [compare_page] * compared_n + [run_page] * (viewers_n - compared_n)
+                second_from, server_cpu = time.time(), cpu_seconds(server.pid)
+                second, second_late = asyncio.run(watch(url, run_id, paths, 0, watched_s + TARGET_S))
+                second_cpu = {"first": server_cpu_watched, "second": cpu_seconds(server.pid) - server_cpu}
             server_torch = imported_torch(server.pid)
             finished = _finished(db)
         finally:
@@ -344,6 +414,14 @@ def main(argv: list[str] | None = None) -> dict:
     unwatched_rate = _rate(finished, unwatched_from, unwatched_to)
     watched_rate = _rate(finished, unwatched_to, watched_to)
     clients = [v for v in viewers if v.kind == "client"]
+    first_figures = _figures(clients, finished, watched_to)
+    compared = (
+        _compared(
+            first_figures, watched_rate, second, finished, second_from, watched_s, second_cpu, second_late
+        )
+        if compared_n
+        else None
+    )
     figures = {
         "mode": "quick" if args.quick else "full",
         "client": "browser-like: own address, sign-in, page, websocket, PULL-DOC-REQ, document_ready",
@@ -352,7 +430,7 @@ def main(argv: list[str] | None = None) -> dict:
         "seconds_unwatched": unwatched_s,
         "seconds_watched": watched_s,
         "target_s": TARGET_S,
-        **_figures(clients, finished, watched_to),
+        **first_figures,
         "chromium": _figures([v for v in viewers if v.kind == "chromium"], finished, watched_to)
         if args.browsers
         else None,
@@ -370,6 +448,7 @@ def main(argv: list[str] | None = None) -> dict:
         "client_loop_late_max_s": client_late,
         "server_tracebacks": log.count("Traceback"),
         "trainer_tracebacks": train_log.count("Traceback"),
+        "compare": compared,
         "load_average": {"before": load_before[0], "after": os.getloadavg()[0]},
         "machine": machine(),
         "finished": now(),
@@ -387,6 +466,16 @@ def main(argv: list[str] | None = None) -> dict:
         f"{len(figures['session_failures'])} sessions failed, {figures['server_tracebacks']} server tracebacks; "
         f"load average {load_before[0]:.2f} before"
     )
+    if compared:
+        c, r = compared, compared["ratios"]
+        print(
+            f"then {viewers_n} viewers again, {compared_n} on {c['path']}: first document p95 "
+            f"{_s(c['first_doc_s']['p95'])} (comparisons {_s(c['comparison']['first_doc_s']['p95'])}), update lag "
+            f"p95 {_s(c['update_lag_s']['p95'])} (comparisons {_s(c['comparison']['update_lag_s']['p95'])}); "
+            f"trainer {c['train_steps_per_s_watched']:.2f} steps/s; against every viewer on the run's page: first "
+            f"document p95 x{_x(r['first_doc_p95'])}, update lag p95 x{_x(r['update_lag_p95'])}, server CPU "
+            f"x{_x(r['server_cpu'])}, trainer steps/s x{_x(r['train_steps_per_s'])}"
+        )
     if figures["chromium"]:
         c = figures["chromium"]
         print(
@@ -400,6 +489,10 @@ def main(argv: list[str] | None = None) -> dict:
 
 def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f} s"
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 if __name__ == "__main__":

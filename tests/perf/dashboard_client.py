@@ -7,7 +7,9 @@ waits for the server's ``ACK``, sends ``PULL-DOC-REQ``, and on the reply sends t
 event BokehJS sends once it has drawn the document (a ``PATCH-DOC`` carrying a ``MessageSent`` of the
 ``DocumentReady`` event): from then on the server treats the session as a loaded page (Panel's
 ``state._on_load``: its onload callbacks, its periodic callbacks, HoloViews' plot refreshes). The tab then
-takes the server's patches and records when the monitor header (``wb-last-step``) first showed each step.
+takes the server's patches and records when the monitor header (``wb-last-step``) first showed each step; on
+a page without that header (a comparison, ``/?compare=...``) when a plot's new data first reached a step (the
+largest ``x`` of a replaced data source: the live run's, as a finished run's sources are never replaced).
 
 It keeps the document as JSON and never builds Bokeh's Python models: 20 tabs in one process cost little
 CPU beside the server and the trainer on the same 2 cores, as browsers on other machines would. The
@@ -174,6 +176,13 @@ class Tab:
         if found:
             self.seen.setdefault(int(found.group(1)), time.time())
 
+    def _show_data(self, data: Any) -> None:
+        """A plot's replaced data (``{"type": "map", "entries": [[column, values], ...]}``): its last x, by step."""
+        columns = dict(data.get("entries", [])) if isinstance(data, dict) else {}
+        x = columns.get("x")
+        if isinstance(x, list) and x and all(isinstance(v, int | float) for v in x):
+            self.seen.setdefault(int(max(x)), time.time())
+
     async def follow(self, stop: asyncio.Event) -> None:
         """Take the server's patches until ``stop`` is set or the socket closes."""
         stopping = asyncio.ensure_future(stop.wait())
@@ -195,6 +204,8 @@ class Tab:
                     model = event.get("model") or {}
                     if model.get("id") == self._header_id and event.get("attr") == "text":
                         self._show(event.get("new"))
+                    elif self._header_id is None and event.get("kind") == "ColumnDataChanged":
+                        self._show_data(event.get("data"))
         finally:
             stopping.cancel()
 

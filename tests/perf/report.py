@@ -361,6 +361,21 @@ def render_dashboard_load(r: dict) -> str:
             f"{r['server_cpu_s']['watched']:.1f} CPU seconds while watched; load average "
             f"{load['before']:.2f} before, {load['after']:.2f} after (other work on the machine)."
         )
+    c = r.get("compare")
+    if c:
+        x = {key: "—" if value is None else f"{value:.2f}" for key, value in c["ratios"].items()}
+        first, lag, mine = c["first_doc_s"], c["update_lag_s"], c["comparison"]
+        text += (
+            f" Then {r['viewers']} viewers again, {c['viewers_on_comparison']} of them on the run's comparison with "
+            f"the gallery's (`{c['path'].split(',', 1)[1]}`; each session draws its own figures), the others on its "
+            f"page: first document p95 {s(first['p95'])} (the comparisons' {s(mine['first_doc_s']['p95'])}; "
+            f"{first['within_target']} of {r['viewers']} within {r['target_s']:.0f} s), update lag p95 "
+            f"{s(lag['p95'])} over {lag['updates']} updates (the comparisons' {s(mine['update_lag_s']['p95'])}), "
+            f"{lag['missed']} never shown, the trainer {c['train_steps_per_s_watched']:.2f} steps/s, "
+            f"{len(c['session_failures'])} sessions failed. Against every viewer on the run's page, side by side "
+            f"in the same run: first document p95 x{x['first_doc_p95']}, update lag p95 x{x['update_lag_p95']}, "
+            f"server CPU x{x['server_cpu']}, trainer steps/s x{x['train_steps_per_s']}."
+        )
     return text
 
 

@@ -233,6 +233,28 @@ def _dashboard_load(r: dict) -> list[dict]:
             f"tiny training run's steps/s with {n} dashboard viewers / with none",
         ),
     ]
+    c = r.get("compare")
+    if c:  # the second phase: a share of the viewers on a comparison of the run with a gallery run
+        k, unwatched = c["viewers_on_comparison"], r["train_steps_per_s_unwatched"]
+        figures += [
+            (
+                "comparison open: first document p95 / target",
+                c["first_doc_s"]["p95"] and c["first_doc_s"]["p95"] / target,
+                f"p95 seconds for {n} viewers, {k} of them on a comparison of the run with a gallery run, to "
+                f"get their document, over the {target:.0f} s target",
+            ),
+            (
+                "comparison open: update lag p95 / target",
+                c["update_lag_s"]["p95"] and c["update_lag_s"]["p95"] / target,
+                f"p95 seconds from a step committed to {n} viewers' documents showing it, {k} of them in a "
+                f"comparison, over the {target:.0f} s target",
+            ),
+            (
+                "comparison open: trainer watched / unwatched",
+                unwatched and c["train_steps_per_s_watched"] / unwatched,
+                f"tiny training run's steps/s with {n} viewers, {k} on a comparison, / with none",
+            ),
+        ]
     return [headline(measure, value, meaning) for measure, value, meaning in figures if value]
 
 

@@ -227,6 +227,10 @@ def test_dashboard_load(run):
     assert len(data["per_viewer"]) == data["viewers"]
     assert all(v["first_doc_s"] > 0 and v["error"] is None for v in data["per_viewer"])
     assert data["train_steps_per_s_unwatched"] > 0 and data["train_steps_per_s_watched"] >= 0
+    compared = data["compare"]  # then 2 of the 3 on the run's comparison with a gallery run
+    assert compared["viewers_on_comparison"] == 2 and compared["sessions_connected"] == 3
+    assert compared["session_failures"] == [] and "summary:marsrl" in compared["path"]
+    assert all(v["first_doc_s"] > 0 for v in compared["comparison"]["per_viewer"])
 
 
 def test_report_renders_the_suite(run):
