@@ -7,6 +7,7 @@ workers and two trainer ranks on a local cluster of 2 CPUs) and sees it fail in 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -35,9 +36,12 @@ def test_a_run_needs_its_workers_and_trainer_ranks_as_its_config_sets_them():
         cluster_gpus_per_trainer=1,
         cluster_cpus_per_trainer=2,
     )
-    assert run_needs(config.to_dict(), driver="cuda:0") == Needs(
-        (rollout_workers(2, 1.0, 0.0), trainer_ranks(2, 2.0, 1.0)), "cuda:0"
+    needs = run_needs(config.to_dict(), driver="cuda:0")
+    assert (needs.groups, needs.driver) == (
+        (rollout_workers(2, 1.0, 0.0), trainer_ranks(2, 2.0, 1.0)),
+        "cuda:0",
     )
+    assert needs.model == "tiny" and needs.memory.gpus == 2  # GPU trainer ranks: FSDP ranks, memory planned
 
 
 def test_an_over_subscribed_run_is_named_with_what_the_cluster_has():
@@ -148,3 +152,36 @@ def test_the_issues_over_subscribed_run_fails_in_seconds_naming_both_sides(tmp_p
     assert took < 60, f"took {took:.0f} s"
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     assert wb.RunReader(run_dir).info()["status"] == "failed"
+
+
+def test_fsdp_trainer_ranks_are_checked_against_each_gpus_memory_before_start():
+    """A 7B full fine-tune on 2 ranks of 80 GiB GPUs without checkpointing does not fit (the memory plan's
+    numbers say why); with it, it does; the GPU's memory comes from the config, else the cluster's GPU type."""
+    seven = TrainConfig(
+        model="qwen2.5-7b",
+        topology="marsrl_cpu",
+        cluster="local",
+        cluster_trainers=2,
+        cluster_gpus_per_trainer=1,
+        gradient_checkpointing=False,
+        token_budget=8192,
+        cluster_gpu_memory_gib=80,
+    )
+    needs = run_needs(seven)
+    assert needs.memory.gpus == 2 and needs.memory.policies == "shared" and needs.gpu_memory_gib == 80
+    (found,) = problems(needs, {"CPU": 16.0, "GPU": 8.0})
+    assert found.startswith("needs more GPU memory than each trainer rank has: qwen2.5-7b (shared")
+    assert "on 2 GPUs:" in found and "does not fit in 72.0 GiB" in found and "adamw state 28.4" in found
+    checkpointed = run_needs(dataclasses.replace(seven, gradient_checkpointing=True))
+    assert problems(checkpointed, {"CPU": 16.0, "GPU": 8.0}) == []
+    lora = run_needs(
+        dataclasses.replace(seven, policies="lora", gradient_checkpointing=True, cluster_gpu_memory_gib=None)
+    )
+    assert lora.gpu_memory_gib is None and lora.memory.policies == "lora"
+    h100 = [{"CPU": 16.0, "GPU": 8.0, "accelerator_type:H100": 1.0}]
+    assert problems(lora, {"CPU": 16.0, "GPU": 8.0}, h100) == []
+    unknown_gpu = dataclasses.replace(needs, gpu_memory_gib=None)
+    assert problems(unknown_gpu, {"CPU": 16.0, "GPU": 8.0}) == []  # not known: not checked
+    assert "needs more GPU memory" in problems(unknown_gpu, {"CPU": 16.0, "GPU": 8.0}, h100)[0]
+    # trainer ranks on CPUs are not planned
+    assert run_needs(dataclasses.replace(seven, cluster_gpus_per_trainer=0)).memory is None

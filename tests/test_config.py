@@ -61,6 +61,7 @@ cluster_max_restarts: 3
 cluster_trainers: 0
 cluster_cpus_per_trainer: 1.0
 cluster_gpus_per_trainer: 0.0
+cluster_gpu_memory_gib: null
 learning_rate: 1.0e-05
 warmup_steps: 0
 weight_decay: 0.0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -38,7 +40,8 @@ def trained_run(tmp_path, policies: str = "shared"):
                 if policies != "lora" or "lora_" in name:
                     parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
     optimizer = torch.optim.AdamW([p for m in policy_set.unique_models().values() for p in m.parameters()])
-    checkpoint.save(run_dir, 4, policy_set, optimizer, {"policy_version": 5, "updates": 5})
+    trainer = SimpleNamespace(models=policy_set.models, optimizer=optimizer)
+    checkpoint.save(run_dir, 4, trainer, {"policy_version": 5, "updates": 5})
     return run_dir, policy_set
 
 

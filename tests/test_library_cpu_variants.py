@@ -27,6 +27,7 @@ from workbench.engine.parsers import FormatError
 from workbench.models import load as load_model
 from workbench.models import resolve
 from workbench.rewards.verifiers import register
+from workbench.rl import checkpoint
 from workbench.rl.advantages import compute_advantages
 from workbench.rl.metrics import rollout_metrics
 from workbench.rl.samples import from_episodes
@@ -298,7 +299,7 @@ def test_a_two_step_run_trains_stores_and_records_its_metrics(
     for column in ("loss", "grad_norm", "reward/mean", "eval/accuracy", f"{trained_role}/format/rate"):
         assert column in wide.columns, column
     assert (wide["grad_norm"].iloc[:2] > 0).any()
-    saved = torch.load(run_dir / "checkpoints" / "step-000001" / "weights.pt", weights_only=True)
+    saved = checkpoint.trained_weights(run_dir / "checkpoints" / "step-000001")
     after = {k.removeprefix("base/"): v for k, v in saved.items()}
     assert set(after) == set(before) and any(not torch.equal(before[k], after[k]) for k in before), (
         "weights moved"

@@ -11,6 +11,7 @@ import pytest
 
 import workbench as wb
 from workbench.rewards import register
+from workbench.rl import checkpoint
 from workbench.rl.config import TrainConfig
 from workbench.rl.loop import run_training, task_order
 from workbench.store import NotARunStoreError
@@ -257,7 +258,7 @@ def test_each_role_trains_its_own_weights(layout, tmp_path):
             line
         )
     assert any(float(re.search(r"grad norm ([\d.e+-]+)", line).group(1)) > 0 for line in progress), progress
-    weights = torch.load(run_dir / "checkpoints" / "step-000001" / "weights.pt", weights_only=True)
+    weights = checkpoint.trained_weights(run_dir / "checkpoints" / "step-000001")
     base, _ = load("tiny")
     base_state = base.state_dict()
     if layout == "lora":
@@ -338,8 +339,6 @@ def test_sigterm_stops_a_run_after_its_step_as_stopped(tmp_path):
     steps = list(reader.steps()["step"])
     assert reader.info()["status"] == "stopped" and steps == list(range(len(steps))) and len(steps) < 200
     # the last step was checkpointed on the way out (checkpoint_every is 50): a resume redoes nothing
-    from workbench.rl import checkpoint
-
     assert checkpoint.latest(run_dir).name == f"step-{steps[-1]:06d}"
 
 

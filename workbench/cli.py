@@ -254,6 +254,31 @@ def _reproduce(args: argparse.Namespace) -> int:
     return summarise(results, args.out)
 
 
+def _memory_plan(args: argparse.Namespace) -> int:
+    from workbench.rl.memory_plan import markdown, plan, table
+
+    plans = [
+        plan(
+            model,
+            gpus=gpus,
+            gpu_memory_gib=args.gpu_memory,
+            policies=policies,
+            roles=args.roles,
+            lora_rank=args.lora_rank,
+            gradient_checkpointing=not args.no_checkpointing,
+            token_budget=args.token_budget,
+            mixed_precision=not args.fp32,
+            reference=args.reference,
+            headroom=args.headroom,
+        )
+        for model in args.models
+        for policies in args.policies
+        for gpus in args.gpus
+    ]
+    print(markdown(plans) if args.markdown else table(plans).to_string(index=False))
+    return 0 if all(p.fits for p in plans) or args.markdown else 1
+
+
 def _add_models_command(sub: argparse._SubParsersAction) -> None:
     """The ``models`` subcommand."""
     p = sub.add_parser("models", help="list or prepare local models")
@@ -424,6 +449,35 @@ def _add_reproduce_command(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_reproduce)
 
 
+def _add_memory_plan_command(sub: argparse._SubParsersAction) -> None:
+    """The ``memory-plan`` subcommand."""
+    p = sub.add_parser(
+        "memory-plan",
+        help="GiB per trainer rank (FSDP2) for a model: parameters, gradients, AdamW, activations; fits or not",
+    )
+    p.add_argument(
+        "models", nargs="+", help="named shapes (qwen2.5-0.5b, qwen3-14b, ...), tiny, or checkpoint dirs"
+    )
+    p.add_argument(
+        "--gpus", type=int, nargs="+", default=[1], help="FSDP ranks, one GPU each (several: a row each)"
+    )
+    p.add_argument("--gpu-memory", type=float, default=80.0, help="GiB of each GPU (default %(default)s)")
+    p.add_argument(
+        "--policies", nargs="+", choices=["shared", "separate", "lora"], default=["shared"], help="a row each"
+    )
+    p.add_argument("--roles", type=int, default=1, help="policies: separate models or LoRA adapters")
+    p.add_argument("--lora-rank", type=int, default=16)
+    p.add_argument("--token-budget", type=int, default=8192, help="tokens per micro-batch")
+    p.add_argument("--no-checkpointing", action="store_true", help="keep every layer's activations")
+    p.add_argument("--fp32", action="store_true", help="fp32 compute (default: bf16 over fp32 masters)")
+    p.add_argument("--reference", action="store_true", help="and a frozen KL reference model (kl_coef > 0)")
+    p.add_argument("--headroom", type=float, default=0.1, help="share of each GPU kept free")
+    p.add_argument(
+        "--markdown", action="store_true", help="a markdown table (GiB per rank), as in docs/memory.md"
+    )
+    p.set_defaults(func=_memory_plan)
+
+
 def _add_demo_command(sub: argparse._SubParsersAction) -> None:
     """The ``demo`` subcommand."""
     p = sub.add_parser(
@@ -452,6 +506,7 @@ SUBCOMMANDS = (
     _add_serve_command,
     _add_users_command,
     _add_reproduce_command,
+    _add_memory_plan_command,
     _add_demo_command,
 )
 

@@ -1,10 +1,11 @@
-"""Data-parallel trainer ranks against one process: the NCCL path on a GPU, gloo on CPUs.
+"""FSDP2 trainer ranks against one process: the NCCL path on a GPU, gloo on CPUs.
 
     python -m tests.perf.bench_data_parallel --device cuda      # 1 rank over NCCL, then 2 ranks sharing the GPU
     python -m tests.perf.bench_data_parallel --quick            # CPU: 2 ranks over gloo (a rehearsal)
 
-Each group runs the trainer ranks' own path (``workbench.rl.data_parallel.join``, then ``PolicyTrainer`` with the
-rank's ``Shard``: the code a ``TrainerRank`` actor runs, without Ray) in processes of its own, on the same seeded
+Each group runs the trainer ranks' own path (``workbench.rl.data_parallel.join``, the model sharded with
+``workbench.rl.fsdp.shard_models``, then ``PolicyTrainer`` with the rank's ``Shard``: the code a ``TrainerRank``
+actor runs, without Ray) in processes of its own, on the same seeded
 random weights of a shape and the same batch; the lone trainer (no group) runs the same step in this process.
 Reported per group: the collective backend it used, its step time, and how far its loss, gradient norm and
 updates of the weights are from the lone trainer's (fp32, TF32 off). One GPU holds every rank of a group; NCCL may refuse
@@ -46,6 +47,10 @@ def one_step(args: argparse.Namespace, shard: Any = None) -> dict[str, Any]:
     device = Placement.resolve(args.device, "float32").device
     model = load_model(args.model, device, torch.float32, seed=0)
     samples = workload(model.config.vocab_size, args.samples, args.prompt, args.completion)
+    if shard is not None:  # a rank of a group: the model sharded over it
+        from workbench.rl.fsdp import shard_models
+
+        shard_models([model], device.type, torch.float32)
     models = {"solver": model, "verifier": model}
     for _ in range(args.warmup):  # kernels and the collective's buffers set up; weights left as they are
         PolicyTrainer(models, OptimConfig(learning_rate=0.0), shard=shard).step(samples)
@@ -70,9 +75,12 @@ def sketch(model: Any, before: list[torch.Tensor]) -> list[tuple[float, float]]:
     """Each parameter's update: its norm and its projection on a fixed random direction (seeded by the parameter's
     index), enough to tell two updates apart without moving the weights between processes."""
     out = []
+    from torch.distributed.tensor import DTensor
+
     with torch.no_grad():
         for i, (p, old) in enumerate(zip(model.parameters(), before, strict=True)):
             delta = (p - old).double()
+            delta = delta.full_tensor() if isinstance(delta, DTensor) else delta  # a collective
             direction = torch.randn(
                 delta.shape, generator=torch.Generator(p.device).manual_seed(i), device=p.device
             )

@@ -43,6 +43,7 @@ import torch
 
 from tests.perf.bench_launches import gpu_choices
 from tests.perf.runner import machine, now, write_json
+from workbench.rl.memory_plan import storage_key as _storage_key
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "meta.json"
 TARGET_BYTES = 24 * 10**9
@@ -91,10 +92,6 @@ def causal_pairs(layout: Any) -> float:
     q = (layout.cu_q[1:] - layout.cu_q[:-1]).double()
     k = (layout.cu_k[1:] - layout.cu_k[:-1]).double()
     return float((q * k - q * (q - 1) / 2).sum())
-
-
-def _storage_key(tensor: torch.Tensor) -> int:
-    return tensor.untyped_storage()._cdata
 
 
 def account(

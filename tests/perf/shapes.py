@@ -1,8 +1,8 @@
-"""Model shapes for throughput benchmarks: Qwen2.5-0.5B/1.5B/7B configs with random weights, no hub download.
+"""Model shapes for throughput benchmarks: the library's named shapes with random weights, no hub download.
 
-``tests/perf/shapes/<name>.json`` are the published models' architecture configs (layers, widths, heads,
-vocabulary); ``qwen2-mini`` is a small one of the same family, for running the GPU script on a CPU.
-Throughput, memory and MFU depend on the shape, not on the weights' values, so random weights measure them.
+The configs are ``workbench.models.shapes`` (Qwen2.5-0.5B/1.5B/7B, Qwen3-14B, ...; ``qwen2-mini`` is a small
+one of the Qwen2.5 family, for running the GPU script on a CPU). Throughput, memory and MFU depend on the
+shape, not on the weights' values, so random weights measure them.
 
     python -m tests.perf.shapes materialize qwen2.5-0.5b DIR    # a loadable checkpoint dir (random weights)
 
@@ -13,28 +13,14 @@ its vocabulary decode to nothing, which a random model's text does not miss.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-SHAPES = Path(__file__).parent / "shapes"
+from workbench.models.shapes import SHAPES, config, names
 
-
-def names() -> list[str]:
-    return sorted(p.stem for p in SHAPES.glob("*.json"))
-
-
-def config(name: str) -> Any:
-    """The transformers config of shape ``name``."""
-    from transformers import AutoConfig
-
-    path = SHAPES / f"{name}.json"
-    if not path.is_file():
-        raise ValueError(f"unknown model shape {name!r}; known: {', '.join(names())}")
-    data = json.loads(path.read_text())
-    return AutoConfig.for_model(data.pop("model_type"), **data)
+__all__ = ["SHAPES", "build", "config", "materialize", "names", "parameters"]
 
 
 def build(

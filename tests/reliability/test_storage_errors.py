@@ -292,30 +292,24 @@ def test_a_checkpoint_on_a_full_disk_fails_with_its_path_and_the_cause_and_keeps
 
     from workbench.rl import checkpoint
 
-    class Policies:
+    class Trainer:
         def __init__(self, model: torch.nn.Module) -> None:
-            self.model = model
+            self.models = {"base": model}
+            self.optimizer = torch.optim.AdamW(model.parameters())
 
-        def state(self) -> dict:
-            return self.model.state_dict()
-
-        def load_state(self, state: dict) -> None:
-            self.model.load_state_dict(state)
-
-    model = torch.nn.Linear(256, 256)
-    optimizer = torch.optim.AdamW(model.parameters())
+    trainer = Trainer(torch.nn.Linear(256, 256))
     run_dir = small_disk.path / "run"
-    first = checkpoint.save(run_dir, 1, Policies(model), optimizer, {"policy_version": 2})
+    first = checkpoint.save(run_dir, 1, trainer, {"policy_version": 2})
     small_disk.fill()
     with pytest.raises(StorageError) as info:
-        checkpoint.save(run_dir, 3, Policies(model), optimizer, {"policy_version": 4})
+        checkpoint.save(run_dir, 3, trainer, {"policy_version": 4})
     message = _one_line(info.value)
     assert str(run_dir / "checkpoints" / "step-000003") in message and CAUSE_FULL.search(message), message
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step-000001"], "no half checkpoint left"
     assert checkpoint.latest(run_dir) == first
-    restored = Policies(torch.nn.Linear(256, 256))
-    assert checkpoint.load(first, restored, torch.optim.AdamW(restored.model.parameters()))["step"] == 1
-    assert torch.equal(restored.model.weight, model.weight)
+    restored = Trainer(torch.nn.Linear(256, 256))
+    assert checkpoint.load(first, None, restored)["step"] == 1
+    assert torch.equal(restored.models["base"].weight, trainer.models["base"].weight)
 
 
 @pytest.mark.slow

@@ -6,6 +6,12 @@ nodes, since an actor must fit on one (a pure function, so it is tested without 
 seconds, naming both sides, when it cannot be placed, rather than leaving actors waiting for ever. The
 driver's own model runs in the training process, outside Ray's count: it is named, not reserved.
 
+Trainer ranks on GPUs are FSDP ranks: ``run_needs`` also takes the trainer's memory settings (policies,
+token budget, checkpointing, the KL reference) and ``problems`` checks the memory plan
+(``workbench.rl.memory_plan``) of the model on that many ranks against each GPU's memory: the config's
+``cluster_gpu_memory_gib``, else the cluster's GPU type (Ray's ``accelerator_type`` resource), else this
+machine's GPU for a local cluster; a model whose config cannot be read is not checked.
+
 Actors that still do not answer after a few seconds (Ray holds an actor ``PENDING_CREATION`` until a node has
 its resources free, e.g. while another job holds them) are reported every ``WAIT_LOG_EVERY_S`` seconds by
 ``wait_started``: how many, and whether they wait for resources or are still loading their policies.
@@ -22,6 +28,16 @@ from typing import Any
 WAIT_LOG_EVERY_S = 5.0
 #: The resources a run reserves, as Ray names them, and how the messages name them.
 RESOURCES = (("CPU", "CPU"), ("GPU", "GPU"))
+#: GiB of the GPUs Ray names in its ``accelerator_type:<name>`` resource.
+GPU_MEMORY_GIB = {
+    "H200": 141.0,
+    "H100": 80.0,
+    "A100-80G": 80.0,
+    "A100-40G": 40.0,
+    "L40S": 48.0,
+    "A10G": 24.0,
+    "L4": 24.0,
+}
 _EPS = 1e-6  # Ray counts resources in fixed point (1e-4); a sum of floats may miss by a hair
 
 
@@ -66,6 +82,9 @@ class Needs:
 
     groups: tuple[ActorGroup, ...]
     driver: str | None = None
+    model: str | None = None  # what the trainer ranks train, for the memory plan (None: not checked)
+    memory: Any = None  # their ``PlanSettings`` (the ranks' count as gpus)
+    gpu_memory_gib: float | None = None  # each GPU's, when the config or this machine says
 
 
 def run_needs(config: Any, driver: str | None = None) -> Needs:
@@ -86,7 +105,84 @@ def run_needs(config: Any, driver: str | None = None) -> Needs:
                 float(get("cluster_gpus_per_trainer", 0.0)),
             )
         )
-    return Needs(tuple(groups), driver)
+    trainers, gpus = int(get("cluster_trainers", 0) or 0), float(get("cluster_gpus_per_trainer", 0.0))
+    if not (trainers and gpus > 0):
+        return Needs(tuple(groups), driver)
+    from workbench.rl.memory_plan import PlanSettings
+
+    memory = PlanSettings(
+        gpus=trainers,
+        policies=get("policies", "shared"),
+        roles=_policy_count(get),
+        lora_rank=int(get("lora_rank", 8)),
+        lora_targets=get("lora_targets", "all-linear"),
+        gradient_checkpointing=bool(get("gradient_checkpointing", False)),
+        token_budget=int(get("token_budget", 4096)),
+        mixed_precision=get("dtype", "auto") != "float32",
+        reference=float(get("kl_coef", 0.0)) > 0,
+    )
+    gpu_memory = get("cluster_gpu_memory_gib", None)
+    if gpu_memory is None and get("cluster", None) == "local":
+        gpu_memory = _local_gpu_memory()
+    return Needs(tuple(groups), driver, str(get("model", "")), memory, gpu_memory)
+
+
+def _policy_count(get: Callable[[str, Any], Any]) -> int:
+    """How many policies the run trains (its topology's, a policy a trainable role with
+    ``policy_per_role``); 1 when the topology cannot be read here."""
+    from workbench.rl.policies import per_role_policies
+    from workbench.topology import load
+
+    try:
+        topology = load(get("topology", "marsrl"))
+    except Exception:  # noqa: BLE001 - a spec the run itself will reject with its own message
+        return 1
+    return len((per_role_policies(topology) if get("policy_per_role", False) else topology).policies)
+
+
+def _local_gpu_memory() -> float | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(0).total_memory / 2**30
+
+
+def gpu_memory_gib(needs: Needs, nodes: Sequence[Mapping[str, float]] | None) -> float | None:
+    """Each GPU's GiB: the run's setting, else the smallest GPU type named by the cluster's GPU nodes."""
+    if needs.gpu_memory_gib is not None:
+        return float(needs.gpu_memory_gib)
+    known = [
+        GPU_MEMORY_GIB[name.split(":", 1)[1]]
+        for node in nodes or ()
+        if node.get("GPU", 0.0)
+        for name in node
+        if name.startswith("accelerator_type:") and name.split(":", 1)[1] in GPU_MEMORY_GIB
+    ]
+    return min(known) if known else None
+
+
+def memory_problem(needs: Needs, nodes: Sequence[Mapping[str, float]] | None = None) -> str | None:
+    """Why the trainer ranks' shards, gradients, AdamW state and micro-batch do not fit each GPU (the memory
+    plan's numbers), or None: they fit, or it is not known (no GPU memory, no readable model config)."""
+    gib = gpu_memory_gib(needs, nodes)
+    if needs.memory is None or not needs.model or gib is None:
+        return None
+    from dataclasses import replace
+
+    from workbench.rl.memory_plan import plan
+
+    try:
+        planned = plan(needs.model, replace(needs.memory, gpu_memory_gib=gib))
+    except ValueError:
+        return None
+    if planned.fits:
+        return None
+    return (
+        f"needs more GPU memory than each trainer rank has: {planned.summary()} — raise cluster_trainers "
+        "(FSDP ranks share the model's shards), or use policies: lora, gradient_checkpointing: true or a lower "
+        "token_budget"
+    )
 
 
 def _n(value: float) -> str:
@@ -132,6 +228,8 @@ def problems(
                     else ""
                 )
             )
+    if not out and (memory := memory_problem(needs, nodes)):
+        out.append(memory)
     if nodes is not None and not out:
         for g in groups:
             each = g.each()

@@ -1,23 +1,28 @@
-"""The trainer as a Ray actor group: data-parallel ranks that update the policies in step.
+"""The trainer as a Ray actor group: FSDP2 ranks that update the policies in step.
 
-Each ``TrainerRank`` builds the run's policies and optimizer as the driver would, takes the driver's
-weights, and joins a ``torch.distributed`` group (gloo) led by rank 0. A step's samples go to every rank
-(one copy in Ray's object store); each trains on its share of every mini-batch and the gradients are
-summed over the ranks (``workbench.rl.data_parallel``), so the ranks stay identical and apply the update
-one process would. The driver then loads rank 0's weights into its own policies, from where they reach
-the rollout workers, the held-out evaluation and the checkpoints.
+Each ``TrainerRank`` builds the run's policies as the driver would, joins a ``torch.distributed`` group
+(NCCL on GPUs, gloo on CPUs) led by rank 0, shards its policies over it (``workbench.rl.fsdp``) and takes
+the driver's weights into its shards. A step's samples go to every rank (one copy in Ray's object store);
+each trains on its share of every mini-batch and FSDP sums the gradients over the ranks, so the group
+applies the update one process would. Every rank then gathers the full weights, one tensor at a time to
+the CPU (a collective), and the driver loads rank 0's into its own policies, from where they reach the
+rollout workers, the held-out evaluation and the checkpoints (``sync/bytes``, ``sync/seconds``).
 
-Checkpoints see the group through ``optimizer``: saving reads rank 0's optimizer state; loading (after
-``checkpoint.load`` has restored the driver's weights) sends weights and optimizer state to every rank,
-so a checkpoint written by a group resumes in one process and the other way round. A rank that dies
-fails the step with ``TrainerLostError``; the run then resumes from its last checkpoint.
+Checkpoints: every rank writes its own shards of the trained weights and AdamW state
+(``save_shards``, ``workbench.rl.sharded_checkpoint``) and reads back its part of whatever a checkpoint holds
+(``load_shards``), so a checkpoint written by a group resumes in one process or on another number of ranks,
+and the other way round. A checkpoint from before the shards goes in through ``optimizer``, whose state is
+the full one gathered to rank 0. A rank that dies fails the step with ``TrainerLostError``; the run then
+resumes from its last checkpoint.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from workbench.cluster.placement import Needs, connect, trainer_ranks, wait_started
@@ -63,9 +68,14 @@ class TrainerRank:
         return self.rank
 
     def load(self, weights: dict[str, Any], optimizer_state: dict[str, Any] | None = None) -> None:
-        self.policies.load_state(weights)
+        """Full weights (keyed as ``PolicySet.state``) and a lone trainer's optimizer state into this rank's shards."""
+        from workbench.rl.fsdp import load_full, load_optimizer_state
+
+        for name, model in self.policies.unique_models().items():
+            prefix = f"{name}/"
+            load_full(model, {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)})
         if optimizer_state is not None:
-            self.trainer.optimizer.load_state_dict(optimizer_state)
+            load_optimizer_state(self.trainer.optimizer, optimizer_state)
 
     def step(self, samples: list[Any], step_index: int) -> dict[str, Any]:
         metrics = self.trainer.step(samples, step_index)
@@ -74,15 +84,31 @@ class TrainerRank:
         return metrics
 
     def weights(self) -> dict[str, Any]:
-        return self.policies.state()
+        """The trained weights as ``PolicySet.state`` keys them, full, on the CPU: rank 0's ({} elsewhere).
+        Every rank must take part: the gathers are collectives."""
+        from workbench.rl.fsdp import full_state
 
-    def optimizer_state(self) -> dict[str, Any]:
-        """AdamW's state on the CPU: the driver that checkpoints it may have no GPU (``load_state_dict`` moves
-        it back to each parameter's device)."""
-        import torch
+        lora = self.policies.mode == "lora"
+        return full_state(self.policies.unique_models(), lambda key: not lora or "lora_" in key)
 
-        state = self.trainer.optimizer.state_dict()
-        return torch.utils._pytree.tree_map(lambda v: v.cpu() if isinstance(v, torch.Tensor) else v, state)
+    def optimizer_state(self) -> dict[str, Any] | None:
+        """AdamW's full state on the CPU, as a lone trainer's (the driver that checkpoints it may have no GPU):
+        rank 0's (None elsewhere). Every rank must take part."""
+        from workbench.rl.fsdp import full_optimizer_state
+
+        return full_optimizer_state(self.trainer.optimizer)
+
+    def save_shards(self, directory: str) -> None:
+        """Write this rank's shards of the checkpoint into ``directory`` (every rank at once)."""
+        from workbench.rl.sharded_checkpoint import save_shards
+
+        save_shards(Path(directory), self.trainer.models, self.trainer.optimizer)
+
+    def load_shards(self, directory: str) -> None:
+        """Read this rank's part of the checkpoint in ``directory``, resharded to this group (every rank at once)."""
+        from workbench.rl.sharded_checkpoint import load_shards
+
+        load_shards(Path(directory), self.trainer.models, self.trainer.optimizer)
 
     def pid(self) -> int:
         return os.getpid()
@@ -95,7 +121,7 @@ class _GroupOptimizer:
         self.group = group
 
     def state_dict(self) -> dict[str, Any]:
-        return self.group._get([self.group.ranks[0].optimizer_state.remote()])[0]
+        return self.group._get([rank.optimizer_state.remote() for rank in self.group.ranks])[0]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.group.load(self.group.policies.state(), state)
@@ -147,9 +173,23 @@ class TrainerGroup:
 
         shared = ray.put(samples)
         metrics = self._get([rank.step.remote(shared, step_index) for rank in self.ranks])[0]
-        self.policies.load_state(self._get([self.ranks[0].weights.remote()])[0])
+        started = time.perf_counter()
+        weights = self._get([rank.weights.remote() for rank in self.ranks])[0]
+        self.policies.load_state(weights)
+        synced = {
+            "sync/bytes": float(sum(v.numel() * v.element_size() for v in weights.values())),
+            "sync/seconds": time.perf_counter() - started,
+        }
         self.updates += metrics["optimizer_steps"]
-        return {**metrics, "cluster/trainers": float(len(self.ranks))}
+        return {**metrics, **synced, "cluster/trainers": float(len(self.ranks))}
+
+    def save_shards(self, directory: Path) -> None:
+        """Every rank writes its shards of the checkpoint into ``directory`` (``workbench.rl.checkpoint.save``)."""
+        self._get([rank.save_shards.remote(str(directory)) for rank in self.ranks])
+
+    def load_shards(self, directory: Path) -> None:
+        """Every rank reads its part of the checkpoint in ``directory`` (``workbench.rl.checkpoint.load``)."""
+        self._get([rank.load_shards.remote(str(directory)) for rank in self.ranks])
 
     def pids(self) -> list[int]:
         return self._get([rank.pid.remote() for rank in self.ranks])

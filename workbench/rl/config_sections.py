@@ -147,6 +147,11 @@ class ClusterSection:
         0.0,
         "GPUs Ray reserves for each trainer rank (1: each rank trains on its GPU and sums gradients over NCCL).",
     )
+    cluster_gpu_memory_gib: float | None = _f(
+        None,
+        "GiB of each trainer rank's GPU, for the memory plan checked before start (None: the cluster's GPU type, or "
+        "this machine's GPU with cluster: local; unknown: not checked).",
+    )
 
 
 @dataclass

@@ -1,11 +1,9 @@
-"""Data-parallel training: a trainer's rank in a group, and the sums that keep the group in step.
+"""A trainer's rank in a group: its share of each mini-batch, and the sums that keep the group's figures whole.
 
-Every rank holds the same weights and optimizer state, sees the whole step's samples and draws the same
-mini-batches. It runs forward and backward on its share of each mini-batch (every ``size``-th sample)
-and the gradients are summed across the ranks (``torch.distributed``) before clipping and the optimizer
-step, so each rank applies the update one process would apply to the whole mini-batch. A lone trainer
-is rank 0 of 1, where the sums do nothing. Ranks on GPUs reduce over NCCL, ranks on CPUs over gloo: the
-same code with another backend name.
+Every rank sees the whole step's samples and draws the same mini-batches; it runs forward and backward on its
+share of each (every ``size``-th sample). The models are sharded with FSDP2 (``workbench.rl.fsdp``), which
+sums the gradients over the ranks; ``sum_`` adds up the step's statistics. A lone trainer is rank 0 of 1,
+where the sums do nothing. Ranks on GPUs reduce over NCCL, ranks on CPUs over gloo.
 """
 
 from __future__ import annotations
@@ -30,7 +28,8 @@ class Shard:
         return list(items[self.rank :: self.size])
 
     def sum_(self, tensors: Sequence[torch.Tensor]) -> None:
-        """Replace each tensor by its sum over the ranks, in place (one collective per dtype)."""
+        """Replace each tensor by its sum over the ranks, in place (one collective per dtype): the step's
+        statistics (gradients are FSDP's to reduce)."""
         if self.size == 1 or not tensors:
             return
         import torch.distributed as dist

@@ -128,8 +128,7 @@ class Run:
         checkpoint.save(
             self.run_dir,
             step,
-            self.policies,
-            self.trainer.optimizer,
+            self.trainer,
             state,
             keep=self.config.keep_checkpoints,
         )
@@ -215,7 +214,7 @@ def _resume(run: Run) -> None:
     """Continue after the newest checkpoint, if any, and drop the steps stored after it."""
     latest = checkpoint.latest(run.run_dir)
     if latest is not None:
-        state = checkpoint.load(latest, run.policies, run.trainer.optimizer)
+        state = checkpoint.load(latest, run.policies, run.trainer)
         run.start, run.policy_version = state["step"] + 1, state["policy_version"]
         run.trainer.updates = state.get("updates", 0)
         run.log(f"resuming after step {state['step']} from {latest}")

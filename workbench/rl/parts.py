@@ -29,7 +29,13 @@ def load_policies(
 def policy_trainer(
     policies: PolicySet, config: TrainConfig, reference: Any = None, shard: Any = None
 ) -> PolicyTrainer:
-    """The trainer of ``policies`` with the config's optimizer (``shard``: its rank in a data-parallel group)."""
+    """The trainer of ``policies`` with the config's optimizer. Given ``shard`` (its rank in a group, joined),
+    the policies (and the reference) are first sharded over the group with FSDP2, in place."""
+    if shard is not None:
+        from workbench.rl.fsdp import shard_models
+
+        models = [*policies.unique_models().values(), *([reference] if reference is not None else [])]
+        shard_models(models, policies.placement.device.type, policies.placement.dtype)
     return PolicyTrainer(
         policies.models, config.optim(), ref_model=reference, activate=policies.activate, shard=shard
     )

@@ -4,7 +4,10 @@ Samples are split into mini-batches (one optimizer step each, ``ppo_epochs`` pas
 is packed into padding-free micro-batches by token budget, one role at a time so each role's share of
 the gradient can be measured (the signal that one role dominates a shared policy). Policies map to
 models: every policy on one shared model, or a model per policy. Given a ``Shard``, the trainer is one
-rank of a data-parallel group (``workbench.rl.data_parallel``) and trains on its share of each mini-batch.
+rank of a group whose models are sharded with FSDP2 (``workbench.rl.fsdp``): it trains on its share of each
+mini-batch (``workbench.rl.data_parallel``) and FSDP sums the gradients over the ranks. FSDP gathers weights
+and reduces gradients in every forward and backward, so every rank runs as many passes per (role, policy)
+as the rank with the most, in the same order, a short rank repeating a real micro-batch with its loss times 0.
 
 On a GPU the host never waits for the device inside a step: losses, statistics and gradient norms are summed
 on the device and read once at its end, AdamW's step counts (the warm-up's) are kept on the host, and
@@ -26,12 +29,12 @@ from workbench.models.placement import DTYPES, Placement
 from workbench.rl.compute_weights import forward_scope, make_compute_weights
 from workbench.rl.config_sections import OptimConfig
 from workbench.rl.data_parallel import Shard
+from workbench.rl.fsdp import is_sharded, local, token_logprobs
 from workbench.rl.loss import LossTerms, policy_loss
 from workbench.rl.packing import (
     collate,
     plan_micro_batches,
     plan_shared_micro_batches,
-    token_logprobs,
     use_block_attention,
 )
 from workbench.rl.samples import Sample
@@ -69,7 +72,14 @@ class PolicyTrainer:
             for model in trained_models:  # non-reentrant: no inputs that require grad needed (LoRA)
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         first = next(iter(trained_models))
-        self.placement = Placement(first.get_input_embeddings().weight.device, DTYPES[config.compute_dtype])
+        self.sharded = is_sharded(first)
+        if self.shard.size > 1 and not self.sharded:
+            raise ValueError(
+                "a trainer rank in a group trains sharded models (workbench.rl.fsdp.shard_models)"
+            )
+        # sharded models compute in the dtype FSDP's mixed precision gathers: no autocast, no compute weights
+        dtype = torch.float32 if self.sharded else DTYPES[config.compute_dtype]
+        self.placement = Placement(first.get_input_embeddings().weight.device, dtype)
         unique: dict[int, torch.nn.Parameter] = {}
         for model in models.values():
             for p in model.parameters():
@@ -125,7 +135,10 @@ class PolicyTrainer:
             rng.shuffle(order)
             size = cfg.mini_batch_size or len(order)
             batches += [order[start : start + size] for start in range(0, len(order), size)]
-        mine = sorted({i for chosen in batches for i in self.shard.mine(chosen)})
+
+        def mine(shard: Shard) -> list[int]:
+            return sorted({i for chosen in batches for i in shard.mine(chosen)})
+
         started = time.perf_counter()
         old = self._old_logprobs(trained, mine) if self._needs_old(trained) else None
         ref = self._ref_logprobs(trained, mine) if cfg.loss.kl_coef else None
@@ -139,11 +152,13 @@ class PolicyTrainer:
         for chosen in batches:
             norms += self._update(trained, chosen, old, ref, sums, role_sq)
             metrics["optimizer_steps"] += 1
-        self.shard.sum_([sums])
-        # the step's one read from the device: the sums, the gradient norm and each role's squared norm
-        read = torch.cat([sums, norms.reshape(1), *(v.reshape(1) for v in role_sq.values())]).tolist()
+        # the ranks' sums and their parts of each role's squared norm (the same roles, in the same order)
+        summed = torch.cat([sums, *(v.reshape(1) for v in role_sq.values())])
+        self.shard.sum_([summed])
+        # the step's one read from the device: the sums, each role's squared norm and the gradient norm
+        read = torch.cat([summed, norms.reshape(1)]).tolist()
         totals = dict(zip(_SUMMED, read, strict=False))
-        totals["grad_norm"] = read[len(_SUMMED)]
+        totals["grad_norm"] = read[-1]
         metrics["time/update_s"] = time.perf_counter() - started
         tokens = max(totals["tokens"], 1.0)
         metrics.update(
@@ -161,7 +176,7 @@ class PolicyTrainer:
                 "trained_tokens": totals["tokens"],
             }
         )
-        norms = {role: math.sqrt(v) for role, v in zip(role_sq, read[len(_SUMMED) + 1 :], strict=True)}
+        norms = {role: math.sqrt(v) for role, v in zip(role_sq, read[len(_SUMMED) : -1], strict=True)}
         total = sum(norms.values())
         metrics["per_role"] = {
             role: {"grad_norm": norm, "grad_share": norm / total if total else 0.0}
@@ -199,28 +214,30 @@ class PolicyTrainer:
         return several_updates or cfg.loss.engine_ratio_cap is not None or cfg.loss.mastered_prob is not None
 
     @torch.no_grad()
-    def _old_logprobs(self, samples: Sequence[Sample], indices: list[int]) -> list[torch.Tensor]:
-        return self._score(samples, indices, lambda s: self.activate(s.policy))
+    def _old_logprobs(self, samples: Sequence[Sample], share: Any) -> list[torch.Tensor]:
+        return self._score(samples, share, lambda s: self.activate(s.policy))
 
     @torch.no_grad()
-    def _ref_logprobs(self, samples: Sequence[Sample], indices: list[int]) -> list[torch.Tensor]:
+    def _ref_logprobs(self, samples: Sequence[Sample], share: Any) -> list[torch.Tensor]:
         if self.ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model; pass ref_model to PolicyTrainer")
-        return self._score(samples, indices, lambda s: self.ref_model)
+        return self._score(samples, share, lambda s: self.ref_model)
 
-    def _score(self, samples: Sequence[Sample], indices: list[int], model_of: Any) -> list[torch.Tensor]:
-        """Per-token log-probs of ``samples[i] for i in indices`` (the other entries are left empty).
+    def _score(self, samples: Sequence[Sample], share: Any, model_of: Any) -> list[torch.Tensor]:
+        """Per-token log-probs of ``samples[i] for i in share(self.shard)`` (the other entries are left empty).
 
         A micro-batch's log-probs come in sample order, each sample's completion in turn: they are split by
         the completion lengths (known on the host), never selected sample by sample with a mask (a sync each).
         """
         out: list[torch.Tensor] = [torch.empty(0)] * len(samples)
-        for micro in self._plan(samples, indices):
+        for micro, counted in self._passes(samples, share):
             batch = collate(samples, micro, share_prefixes=self._sharing).to(self.placement.device)
             model = model_of(samples[micro[0]])
             model.eval()
             with self.placement.autocast():
                 logps, _ = token_logprobs(model, batch, self.config.temperature)
+            if not counted:  # a pass to keep in step with the group
+                continue
             lengths = [len(samples[i].completion_ids) for i in micro]
             for i, part in zip(micro, logps.detach().split(lengths), strict=True):
                 out[i] = part
@@ -228,15 +245,38 @@ class PolicyTrainer:
 
     def _plan(self, samples: Sequence[Sample], indices: list[int]) -> list[list[int]]:
         """Micro-batches of ``indices`` that never mix roles (or policies), so per-role gradients can be measured."""
+        return [micro for micros in self._plan_by_key(samples, indices).values() for micro in micros]
+
+    def _plan_by_key(
+        self, samples: Sequence[Sample], indices: list[int]
+    ) -> dict[tuple[str, str], list[list[int]]]:
+        """Micro-batches of ``indices`` by (role, policy), never mixing them, so per-role gradients can be measured."""
         by_role: dict[tuple[str, str], list[int]] = defaultdict(list)
         for i in indices:
             by_role[(samples[i].role, samples[i].policy)].append(i)
-        plan = []
         planner = plan_shared_micro_batches if self._sharing else plan_micro_batches
-        for members in by_role.values():
-            for micro in planner([samples[i] for i in members], self.config.token_budget):
-                plan.append([members[j] for j in micro])
-        return plan
+        return {
+            key: [
+                [members[j] for j in micro]
+                for micro in planner([samples[i] for i in members], self.config.token_budget)
+            ]
+            for key, members in by_role.items()
+        }
+
+    def _passes(self, samples: Sequence[Sample], share: Any) -> list[tuple[list[int], bool]]:
+        """This rank's micro-batches of ``share(shard)`` (its indices into ``samples``), each with whether it
+        counts: in a group every rank runs as many passes per (role, policy) as the rank with the most, in
+        the same order (computed alike on every rank, which has every sample), repeating a real micro-batch
+        of that key that does not count."""
+        size = self.shard.size
+        plans = [self._plan_by_key(samples, share(Shard(r, size))) for r in range(size)]
+        out: list[tuple[list[int], bool]] = []
+        for key in dict.fromkeys(key for plan in plans for key in plan):
+            own = plans[self.shard.rank].get(key, [])
+            most = max(len(plan.get(key, [])) for plan in plans)
+            filler = next(plan[key][0] for plan in plans if plan.get(key))
+            out += [(micro, True) for micro in own] + [(filler, False)] * (most - len(own))
+        return out
 
     def _update(
         self,
@@ -262,48 +302,54 @@ class PolicyTrainer:
         )
         roles = list(dict.fromkeys(s.role for s in everyone))
         measure = cfg.measure_role_gradients and len(roles) > 1
-        mine = self.shard.mine(chosen)
         self.optimizer.zero_grad(set_to_none=True)
         if self.compute_weights is not None:  # issue 47: this optimizer step's bf16 weights
             self.compute_weights.refresh()
         gathered: list[torch.Tensor] | None = None  # the mini-batch's gradient, summed over roles and ranks
-        touched = [False] * len(self.parameters)  # whether a parameter has a gradient (host values, no reads)
+        # whether a parameter has a gradient (host values, no reads; the same on every rank, which runs the
+        # same passes)
+        touched = [False] * len(self.parameters)
         for role in roles if measure else [None]:
-            for micro in self._plan(trained, [i for i in mine if role is None or trained[i].role == role]):
+
+            def share(shard: Shard, role: str | None = role) -> list[int]:
+                return [i for i in shard.mine(chosen) if role is None or trained[i].role == role]
+
+            for micro, counted in self._passes(trained, share):
                 batch = collate(trained, micro, share_prefixes=self._sharing).to(self.placement.device)
                 model = self.activate(trained[micro[0]].policy)
                 model.train()
                 # backward runs outside, in the dtypes autocast chose (and into the compute weights' masters)
                 with self.placement.autocast(), forward_scope(self.compute_weights):
                     logps, entropy = token_logprobs(model, batch, cfg.temperature, with_entropy=True)
+                if not counted:  # in step with the group: the same passes, no gradient, no statistics
+                    self._terms(micro, batch, logps, entropy, None, None, denominator).loss.mul(
+                        0.0
+                    ).backward()
+                    continue
                 terms = self._terms(micro, batch, logps, entropy, old, ref, denominator)
                 terms.loss.backward()
                 sums[0] += terms.loss.detach().to(sums.dtype)
                 sums[1:] += terms.stats
             # this role's gradient (taken out of the parameters, so the next role's starts at zero), summed
-            # over the ranks
+            # over the ranks by FSDP (each rank holds its shard of the sum)
             part = []
             for k, p in enumerate(self.parameters):
                 touched[k] = touched[k] or p.grad is not None
                 part.append(p.grad if p.grad is not None else torch.zeros_like(p))
                 p.grad = None
-            self.shard.sum_(part)
-            if roles:  # one kernel for all the parameters' norms, read after the step
-                squares = torch.stack(torch._foreach_norm(part)).double().pow(2).sum()
+            if roles:  # one kernel for all the parameters' norms (this rank's shards), read after the step
+                squares = torch.stack(torch._foreach_norm([local(g) for g in part])).double().pow(2).sum()
                 key = role if measure else roles[0]
                 role_sq[key] = role_sq[key] + squares if key in role_sq else squares
             if gathered is None:
                 gathered = part
             else:
-                torch._foreach_add_(gathered, part)
-        if self.shard.size > 1:  # a parameter any rank touched
-            flags = torch.tensor(touched, dtype=torch.float64)
-            self.shard.sum_([flags])
-            touched = [f > 0 for f in flags.tolist()]
+                torch._foreach_add_([local(g) for g in gathered], [local(g) for g in part])
         for k, p in enumerate(self.parameters):  # AdamW leaves a parameter with no gradient alone
             p.grad = gathered[k] if touched[k] else None
         limit = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
-        norm = torch.nn.utils.clip_grad_norm_(self.parameters, limit)
+        norm = torch.nn.utils.clip_grad_norm_(self.parameters, limit)  # over the shards: the global norm
+        norm = norm.full_tensor() if self.sharded else norm
         for group in self.optimizer.param_groups:
             group["lr"] = self.learning_rate()
         steps = self._optimizer_steps()  # read before the step: a fresh optimizer's state is still empty

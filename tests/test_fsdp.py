@@ -1,0 +1,183 @@
+"""FSDP2 trainer ranks (issue 48): two ranks over gloo apply the update one trainer applies.
+
+One spawn of two processes runs every case (shared weights, a model per role, a LoRA adapter per role, a
+shared model with the KL reference) on the tiny model while this process runs the lone trainer on the
+same weights and samples; the first optimizer step's gradients (after FSDP's reduction) and parameters
+are compared, then the weights after the whole step and the optimizer state gathered out of the shards.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+import workbench as wb
+from workbench.models import load as load_model
+from workbench.rl.config import TrainConfig
+from workbench.rl.policies import PolicySet, per_role_policies
+from workbench.rl.samples import Sample
+
+CASES: dict[str, dict[str, Any]] = {
+    "shared": {"policies": "shared"},
+    "separate": {"policies": "separate", "policy_per_role": True},
+    "lora": {"policies": "lora", "policy_per_role": True},
+    "shared_kl": {"policies": "shared", "kl_coef": 0.1},
+}
+
+
+def some_samples(tokenizer: Any, n: int = 10) -> list[Sample]:
+    """Samples of three roles (each with its policy when per role) with varied lengths and advantages."""
+    roles = ["solver", "verifier1", "corrector1"]
+    out = []
+    for i in range(n):
+        prompt = tokenizer(f"Question {i}: what is {i} + {2 * i}?")["input_ids"]
+        completion = tokenizer(" The answer is" + " really" * (i % 4) + f" {3 * i}.")["input_ids"]
+        mask = [1] * len(completion)
+        mask[0] = 0 if i % 3 == 0 else 1  # a masked token here and there
+        out.append(
+            Sample(
+                prompt_ids=prompt,
+                completion_ids=completion,
+                mask=mask,
+                old_logprobs=[-2.0] * len(completion),
+                role=roles[i % 3],
+                policy="base",
+                advantage=(-1.0) ** i * (0.5 + i / n),
+            )
+        )
+    return out
+
+
+def build(case: str) -> tuple[TrainConfig, PolicySet, Any, list[Sample]]:
+    """The case's config, policies (seeded alike in every process), KL reference and samples."""
+    # AdamW's first step moves a weight by lr * g / (|g| + eps): where |g| is near eps (1e-8) the sums' order
+    # shows (at lr 1e-3, 3e-6 on a gradient of 7e-9 whose tensor agrees within 1e-5); lr 1e-4 keeps it under 1e-6
+    fields = dict(model="tiny", topology="marsrl", tasks="arithmetic", learning_rate=1e-4)
+    # 10 samples in mini-batches of 4, 4 and 2: the ranks' shares of a role differ
+    cfg = TrainConfig(**fields, mini_batch_size=4, **CASES[case])
+    topology = wb.load_topology("marsrl")
+    if cfg.policy_per_role:
+        topology = per_role_policies(topology)
+    torch.manual_seed(0)
+    model, tokenizer = load_model("tiny")
+    reference = copy.deepcopy(model).eval() if cfg.kl_coef else None
+    policies = PolicySet.from_config(topology, model, tokenizer, cfg)
+    samples = some_samples(tokenizer)
+    for s in samples:
+        s.policy = s.role if cfg.policy_per_role else s.policy
+    return cfg, policies, reference, samples
+
+
+def first_step(trainer: Any) -> dict[str, list]:
+    """Filled at the trainer's first optimizer step: its gradients and, after it, its parameters (full)."""
+    from torch.distributed.tensor import DTensor
+
+    def full(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+
+    seen: dict[str, list] = {}
+
+    def before(*_: Any) -> None:
+        if "grads" not in seen:
+            seen["grads"] = [full(p.grad) for p in trainer.parameters]
+
+    def after(*_: Any) -> None:
+        if "params" not in seen:
+            seen["params"] = [full(p) for p in trainer.parameters]
+
+    trainer.optimizer.register_step_pre_hook(before)
+    trainer.optimizer.register_step_post_hook(after)
+    return seen
+
+
+def _rank(rank: int, store: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from workbench.rl.data_parallel import Shard
+    from workbench.rl.fsdp import full_optimizer_state, full_state, load_full, load_optimizer_state
+    from workbench.rl.parts import policy_trainer
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    results = {}
+    for case in CASES:
+        cfg, policies, reference, samples = build(case)
+        initial = policies.state()
+        trainer = policy_trainer(policies, cfg, reference, Shard(rank, 2))
+        for name, model in policies.unique_models().items():  # full weights into the shards
+            load_full(model, {k.split("/", 1)[1]: v for k, v in initial.items() if k.startswith(f"{name}/")})
+        seen = first_step(trainer)
+        metrics = trainer.step(samples, step_index=3)
+        lora = policies.mode == "lora"
+        weights = full_state(policies.unique_models(), lambda key, lora=lora: not lora or "lora_" in key)
+        optimizer = full_optimizer_state(trainer.optimizer)
+        if case == "shared":  # the gathered state, loaded back into the shards, gathers the same
+            shared = [optimizer]
+            dist.broadcast_object_list(shared)
+            load_optimizer_state(trainer.optimizer, shared[0])
+            again = full_optimizer_state(trainer.optimizer)
+        if rank == 0:
+            results[case] = {**seen, "metrics": metrics, "weights": weights, "optimizer": optimizer}
+            if case == "shared":
+                results[case]["optimizer_again"] = again
+    if rank == 0:
+        torch.save(results, out)
+    dist.destroy_process_group()
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def test_two_fsdp_ranks_over_gloo_apply_the_update_one_trainer_applies(tmp_path: Path) -> None:
+    from workbench.rl.parts import policy_trainer
+
+    out = tmp_path / "ranks.pt"
+    group = mp.spawn(_rank, args=(str(tmp_path / "store"), str(out)), nprocs=2, join=False)
+    alone = {}
+    for case in CASES:  # meanwhile, the lone trainer on the same weights and samples
+        cfg, policies, reference, samples = build(case)
+        trainer = policy_trainer(policies, cfg, reference)
+        seen = first_step(trainer)
+        metrics = trainer.step(samples, step_index=3)
+        alone[case] = {**seen, "metrics": metrics, "weights": policies.state(), "optimizer": None}
+        alone[case]["optimizer"] = trainer.optimizer.state_dict()
+    while not group.join():
+        pass
+    ranks = torch.load(out, weights_only=False)
+    worst: dict[str, float] = {"grad": 0.0, "param": 0.0}
+    for case, lone in alone.items():
+        got = ranks[case]
+        assert [g is None for g in got["grads"]] == [g is None for g in lone["grads"]], case
+        assert any(g is not None for g in lone["grads"]), case
+        for a, b in zip(got["grads"], lone["grads"], strict=True):
+            if b is not None:
+                worst["grad"] = max(worst["grad"], relative(a, b))
+                assert relative(a, b) < 1e-5, case
+        for a, b in zip(got["params"], lone["params"], strict=True):
+            worst["param"] = max(worst["param"], float((a - b).abs().max()))
+            assert torch.allclose(a, b, rtol=0, atol=1e-6), case
+        expected, metrics = lone["metrics"], got["metrics"]
+        for key in ("samples", "optimizer_steps", "trained_tokens", "clip_fraction"):
+            assert metrics[key] == expected[key], (case, key)
+        for key in ("loss", "grad_norm", "ratio/mean", "kl"):
+            assert abs(metrics[key] - expected[key]) <= 1e-5 * abs(expected[key]) + 1e-7, (case, key)
+        for role, values in expected["per_role"].items():
+            norm = metrics["per_role"][role]["grad_norm"]
+            assert abs(norm - values["grad_norm"]) <= 1e-5 * values["grad_norm"], (case, role)
+        # after the step's three optimizer steps
+        assert got["weights"].keys() == lone["weights"].keys(), case
+        for key, value in lone["weights"].items():
+            assert torch.allclose(got["weights"][key], value, rtol=1e-4, atol=1e-6), (case, key)
+        assert got["optimizer"]["state"].keys() == lone["optimizer"]["state"].keys(), case
+        for k, state in lone["optimizer"]["state"].items():
+            assert int(got["optimizer"]["state"][k]["step"]) == int(state["step"])
+            assert torch.allclose(got["optimizer"]["state"][k]["exp_avg"], state["exp_avg"], atol=1e-6)
+    again = ranks["shared"]["optimizer_again"]["state"]
+    for k, state in ranks["shared"]["optimizer"]["state"].items():
+        assert torch.equal(again[k]["exp_avg_sq"], state["exp_avg_sq"])
+    print(f"largest differences: gradients {worst['grad']:.2e} relative, parameters {worst['param']:.2e}")
