@@ -12,6 +12,7 @@ import workbench as wb
 from tests.compare_runs import BASE_LR, OTHER_LR, STEPS, reward, scores, seeded_runs, write_run
 from workbench.analysis.compare import (
     COMMITTED_RUNS,
+    VERDICTS,
     Comparison,
     config_diff,
     flatten,
@@ -139,3 +140,15 @@ def test_the_gallerys_marsrl_pair_opens_from_the_committed_summaries(tmp_path):
         solver.loc["marsrl_shared_reward", "vs"] == "marsrl"
         and solver.loc["marsrl_shared_reward", "tasks"] == 64
     )
+    table = pair.outcomes()
+    verdicts = table[table["score"] == VERDICTS].set_index("name")
+    # docs/gallery.md: the Verifier's verdicts climb from 0.41 to 0.75-1.0 with its own reward and fall to 0.12-0.34
+    # with the shared one; counted the same way for both runs from the calls (the held-out eval scores the
+    # shared-reward Verifier by the outcome, so its verifier1 row, 0.984, says nothing of its verdicts)
+    assert verdicts.loc["marsrl", ["before", "after"]].tolist() == pytest.approx([26 / 64, 48 / 64])
+    assert verdicts.loc["marsrl_shared_reward", ["before", "after"]].tolist() == pytest.approx(
+        [26 / 64, 9 / 64]
+    )
+    shared = verdicts.loc["marsrl_shared_reward"]
+    assert shared["vs"] == "marsrl" and shared["diff"] == pytest.approx(9 / 64 - 48 / 64)
+    assert shared["diff"] / shared["diff_se"] < -8 and verdicts.loc["marsrl", "z"] > 4 > -shared["z"] > 3

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.compare_runs import BASE_LR, OTHER_LR, reward, seeded_runs, write_run, write_step
@@ -23,10 +25,15 @@ def runs(tmp_path_factory) -> list:
     return seeded_runs(tmp_path_factory.mktemp("widgets-compare") / "runs")
 
 
+def _renderers(view: Compare) -> dict[str, bool]:
+    """The view's drawn renderers by name (``kind:owner:series``): visible or not."""
+    return {r.name: r.visible for f in view.figures() for r in f.renderers if r.name}
+
+
 def test_a_group_of_seeds_is_a_band_and_a_lone_run_a_line(runs):
     view = Compare(runs, live=False)
     view.__panel__().get_root()
-    kinds = {(kind, owner) for kind, owner, _, _ in view._sources}
+    kinds = {(kind, owner) for kind, owner, _, _ in view.lines()}
     assert kinds == {("band", "learning_rate=1e-05"), ("line", "learning_rate=1e-05"),
                      ("line", "learning_rate=0.0001")} | {("seed", run.name) for run in runs[:3]}  # fmt: skip
     assert 'data-kind="band" data-runs="3"' in view._header.object
@@ -34,36 +41,52 @@ def test_a_group_of_seeds_is_a_band_and_a_lone_run_a_line(runs):
     assert (
         'data-field="learning_rate"' in view._header.object and "seed: not a group key" in view._header.object
     )
-    band = view._sources["band", "learning_rate=1e-05", "reward", "solver"].data
+    band = view.lines()["band", "learning_rate=1e-05", "reward", "solver"]
     values = [reward(BASE_LR, seed, 1) for seed in range(3)]
     assert (
         band["value"][1] == pytest.approx(sum(values) / 3)
         and band["lower"][1] < band["value"][1] < band["upper"][1]
     )
-    assert Compare(runs, live=False)._lines() is view._lines(), "views of the same runs compute them once"
-    assert not any(r.visible for r in view._seed_renderers)
+    assert "band:learning_rate=1e-05:solver" in view._plots.item, "the page draws the shared drawing"
+    assert not view._plots.data, "drawn at the state it shows: no data to follow"
+    assert not any(v for name, v in _renderers(view).items() if name.startswith("seed:"))
     view.show_seeds = True
-    assert all(r.visible for r in view._seed_renderers)
+    assert all(v for name, v in _renderers(view).items() if name.startswith("seed:"))
     view.x = "samples seen"
-    assert view._sources["line", "learning_rate=0.0001", "reward", "solver"].data["x"] == [16.0, 32.0, 48.0]
+    assert view.lines()["line", "learning_rate=0.0001", "reward", "solver"]["x"] == [16.0, 32.0, 48.0]
     assert 'data-score="system"' in view._outcomes.object and "±" in view._outcomes.object
     assert (
         view._csv().getvalue().startswith("name,kind,runs,score,tasks,before,after,rise,se,z,vs,diff,diff_se")
     )
 
 
+def test_views_of_the_same_runs_share_one_comparison_and_one_drawing(runs):
+    by_label = {run.name: run for run in runs}
+    one, two = Compare(by_label, live=False), Compare(by_label, live=False)
+    assert one.shared is two.shared and one.comparison is two.comparison, "the runs read once"
+    assert one.lines() is two.lines(), "their lines computed once"
+    assert one._plots.item is two._plots.item, "and drawn once"
+
+
 def test_a_running_run_keeps_updating_and_gets_its_outcomes_when_it_ends(runs, tmp_path):
     store = write_run(tmp_path, OTHER_LR, 1, steps=1, finished=False)
     try:
-        view = Compare([runs[0], store.run_dir], interval_ms=200)
-        assert view.active and not view.refresh(), "nothing new, nothing drawn"
-        line = view._sources["line", "learning_rate=0.0001", "reward", "solver"]
+        view = Compare({"base": runs[0], "live": store.run_dir}, interval_ms=200)
+        late = Compare({"base": runs[0], "live": store.run_dir}, interval_ms=200)
+        sent = []
+        view._plots.send = lambda item=None, data="": sent.append((item, data))
+        assert view.active and not view.refresh(), "nothing new, nothing sent"
         write_step(store, OTHER_LR, 1, 1, final=True)
         store.set_status("finished")
-        assert view.refresh()
-        assert view._sources["line", "learning_rate=0.0001", "reward", "solver"] is line, "updated in place"
-        assert line.data["value"] == pytest.approx([reward(OTHER_LR, 1, s) for s in range(2)])
-        assert f'data-name="{store.run_id}"' in view._outcomes.object and not view.active
+        assert view.refresh() and len(sent) == 1
+        item, data = sent[0]
+        assert item is None, "the same lines: their new data only, not another drawing"
+        line = json.loads(data)['["line", "learning_rate=0.0001", "reward", "solver"]']
+        assert line["value"] == pytest.approx([reward(OTHER_LR, 1, s) for s in range(2)])
+        assert 'data-name="live"' in view._outcomes.object and not view.active
+        newer = Compare({"base": runs[0], "live": store.run_dir}, live=False)
+        assert newer._plots.item == late._plots.item, "a new view gets the drawing the first had"
+        assert json.loads(newer._plots.data) == json.loads(data), "and the data since"
     finally:
         store.close()
 

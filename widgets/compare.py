@@ -9,10 +9,13 @@ own line on "show seeds"), a group of one run as its line, the roles of a plot t
 axis by step, wall time or samples seen; then the outcomes table (held-out scores before and after per role,
 paired SEs, each run or group against the first) with a CSV download.
 
-Live: while a compared run is active, its rows come from the run's process-wide ``SharedRun``
-(``widgets.shared_poll``: one read per change for every view of it, the dashboard's monitors included), and the
-plots' data sources are replaced in place at most every ``interval_ms`` (drawn again only when a line appears).
-A finished comparison polls nothing. Summaries are read-only copies built in the workbench cache.
+Many views cost about one (``widgets.compare_plots``): the views of the same runs in a process share one
+``Comparison`` and, per state of the runs, one computation of their curves and lines; the plots are drawn once
+(again only for another x axis, "show seeds", or a line that appears) and sent to each view as their
+``json_item``, then as the data of the lines that changed. While a compared run is active, its rows come from
+the run's process-wide ``SharedRun`` (``widgets.shared_poll``: one read per change for every view of it, the
+dashboard's monitors included), at most every ``interval_ms``. A finished comparison polls nothing. Summaries are
+read-only copies built in the workbench cache.
 
 CSS classes a browser test can find: ``wb-compare`` (the whole view), ``wb-compare-groups`` (one
 ``wb-compare-group`` per group with ``data-group``, ``data-runs`` and ``data-kind``: ``band`` or ``line``),
@@ -27,43 +30,27 @@ from __future__ import annotations
 import html
 import io
 import math
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import panel as pn
 import param
-from bokeh.layouts import gridplot
-from bokeh.models import ColumnDataSource, DataRange1d, HoverTool, Legend, LegendItem
-from bokeh.palettes import Category10_10
-from bokeh.plotting import figure
 
+from widgets.compare_plots import (
+    X_LABELS,
+    ComparePlots,
+    Lines,
+    SharedComparison,
+    _shared_metrics,
+    draw_figures,
+    shared_comparison,
+)
 from widgets.live import PeriodicRefresh
 from widgets.run_status import ACTIVE_STATUSES
-from widgets.shared_poll import shared_run
-from workbench.analysis.compare import PANELS, Comparison, group_curves, is_seed_field
+from workbench.analysis.compare import Comparison, is_seed_field
 
 __all__ = ["X_LABELS", "Compare"]
-
-#: The x axes on offer: label -> the curves' column.
-X_LABELS = {"step": "step", "wall time (s)": "wall_s", "samples seen": "samples"}
-#: What the views of one comparison computed (curves, lines), by the runs and their versions: sessions that
-#: show the same runs compute them once per change. Bounded; the oldest go first.
-_SHARED: dict[tuple, Any] = {}
-_SHARED_LOCK = threading.Lock()
-SHARED_RESULTS = 64
-#: A drawn line or band: (kind, owner, panel, series).
-Line = tuple[str, str, str, str]
-DASHES = ("solid", "dashed", "dotted", "dotdash", "dashdot")
-
-
-def _shared_metrics(run_dir: Path) -> pd.DataFrame:
-    """A run's metric rows as the run's shared poll holds them (read once per change for every view)."""
-    shared = shared_run(run_dir)
-    shared.refresh()
-    return shared.frame
 
 
 class Compare(PeriodicRefresh, pn.viewable.Viewer):
@@ -83,22 +70,29 @@ class Compare(PeriodicRefresh, pn.viewable.Viewer):
         **params: Any,
     ) -> None:
         super().__init__(**params)
-        self.comparison = (
-            runs
-            if isinstance(runs, Comparison)
-            else Comparison(runs, metrics=_shared_metrics, cache_dir=cache_dir)
+        if isinstance(runs, Comparison):
+            self.shared = SharedComparison(runs)
+        elif isinstance(runs, Mapping) and cache_dir is None:  # run folders by label: the dashboard's
+            self.shared = shared_comparison({str(k): Path(v) for k, v in runs.items()})
+        else:
+            self.shared = SharedComparison(Comparison(runs, metrics=_shared_metrics, cache_dir=cache_dir))
+        self.comparison = self.shared.comparison
+        self.state = self.shared.state()
+        drawn = self.shared.drawn(self.state, self.x, self.show_seeds)
+        #: the lines the page holds now (and the state of the runs they are of)
+        self._held: tuple[tuple, Lines] = (self.state, self.shared.lines(self.state, self.x))
+        self._plots = ComparePlots(
+            item=drawn.item,
+            data=self.shared.update(drawn.state, drawn.lines, self.state, self.x),
+            css_classes=["wb-compare-plots"],
+            sizing_mode="stretch_width",
         )
-        self._versions = self._read_versions()
-        self.curves = self._shared("curves", self.comparison.curves)
-        self._sources: dict[Line, ColumnDataSource] = {}
-        self._seed_renderers: list[Any] = []
-        self._plots = pn.pane.Bokeh(sizing_mode="stretch_width", css_classes=["wb-compare-plots"])
+        self._shape = drawn.shape
         self._outcomes = pn.pane.HTML(sizing_mode="stretch_width")
-        self._header = pn.pane.HTML(sizing_mode="stretch_width")
-        self._draw()
+        self._header = pn.pane.HTML(self._header_html(), sizing_mode="stretch_width")
+        self._outcomes_version = -1
         self._show_outcomes()
-        self.param.watch(lambda _e: self._draw(), "x")
-        self.param.watch(lambda _e: self._toggle_seeds(), "show_seeds")
+        self.param.watch(lambda _e: self._redraw(), ["x", "show_seeds"])
 
     # ------------------------------------------------------------------ reading
     @property
@@ -106,23 +100,34 @@ class Compare(PeriodicRefresh, pn.viewable.Viewer):
         """Whether a compared run is still going (the view then follows it)."""
         return any(status in ACTIVE_STATUSES for status in self.comparison.statuses.values())
 
-    def _read_versions(self, min_interval: float = 0.0) -> dict[str, int]:
-        return {label: shared_run(path).refresh(min_interval) for label, path in self.comparison.runs.items()}
+    @property
+    def curves(self) -> Any:
+        """Every compared run's curves as they are now (``Comparison.curves``)."""
+        return self.shared.curves(self.state)
+
+    def lines(self) -> Lines:
+        """The lines and bands drawn now, computed once for every view of the same runs at the same state."""
+        return self.shared.lines(self.state, self.x)
+
+    def figures(self) -> list[Any]:
+        """The plots as Bokeh figures, drawn now (what the view shows)."""
+        return draw_figures(self.lines(), self.comparison.groups, self.x, self.show_seeds)
 
     def refresh(self, min_interval: float = 0.0) -> bool:
-        """Read what the compared runs wrote since the last time; redraw what changed. Whether anything did.
+        """Read what the compared runs wrote since the last time; send the page what changed. Whether anything did.
 
         ``min_interval``: reuse a run's shared state if any view read it less than that many seconds ago."""
-        versions = self._read_versions(min_interval)
-        if versions == self._versions:
+        state = self.shared.state(min_interval)
+        self._show_outcomes()
+        if state == self.state:
             return False
-        self._versions = versions
-        statuses = {label: shared_run(path).status for label, path in self.comparison.runs.items()}
-        self.curves = self._shared("curves", self.comparison.curves)
-        self._update_plots()
-        if statuses != self.comparison.statuses:  # a run that finished has its last evaluation
-            self.comparison.refresh_outcomes()
-            self._show_outcomes()
+        self.state = state
+        lines = self.lines()
+        if frozenset(lines) != self._shape:  # a line appeared or went: drawn again
+            self._redraw()
+        else:
+            self._plots.send(data=self.shared.update(*self._held, state, self.x))
+            self._held = (state, lines)
         return True
 
     def _tick(self) -> None:
@@ -132,120 +137,12 @@ class Compare(PeriodicRefresh, pn.viewable.Viewer):
             self.stop()
 
     # ------------------------------------------------------------------ drawing
-    def _shared(self, what: str, compute: Callable[[], Any]) -> Any:
-        """``compute()`` once for every view of the same runs at the same versions (``what``: which result)."""
-        # a run's metric rows are told by the last id read (they are only appended), not the version (which
-        # starts again when a shared run is made anew)
-        held = tuple((path, shared_run(path).last_id) for path in self.comparison.runs.values())
-        key = (what, self.x, tuple(self.comparison.runs), held)
-        with _SHARED_LOCK:
-            found = _SHARED.get(key)
-        if found is None:
-            found = compute()
-            with _SHARED_LOCK:
-                while len(_SHARED) >= SHARED_RESULTS:
-                    _SHARED.pop(next(iter(_SHARED)))
-                _SHARED[key] = found
-        return found
-
-    def _lines(self) -> dict[Line, dict[str, list]]:
-        """The lines and bands to draw, computed once for every view of the same runs at the same versions
-        (``_compute_lines``)."""
-        return self._shared("lines", self._compute_lines)
-
-    def _compute_lines(self) -> dict[Line, dict[str, list]]:
-        """Every line and band to draw: (kind, owner, panel, series) -> its data; kind ``band`` / ``line`` (an
-        owner group's) or ``seed`` (an owner run's)."""
-        column = X_LABELS[self.x]
-        found: dict[Line, dict[str, list]] = {}
-        groups = self.comparison.groups
-        means = group_curves(self.curves, groups)
-        for (group, panel, series), rows in means.groupby(["group", "panel", "series"], sort=False):
-            data = {
-                "x": rows[column].tolist(),
-                "value": rows["mean"].tolist(),
-                "lower": (rows["mean"] - rows["se"]).tolist(),
-                "upper": (rows["mean"] + rows["se"]).tolist(),
-                "n": rows["n"].tolist(),
-            }
-            if len(groups[group]) > 1:
-                found["band", group, panel, series] = data
-            found["line", group, panel, series] = data
-        for (run, panel, series), rows in self.curves.groupby(["run", "panel", "series"], sort=False):
-            if any(run in runs and len(runs) > 1 for runs in groups.values()):
-                found["seed", run, panel, series] = {
-                    "x": rows[column].tolist(),
-                    "value": rows["value"].tolist(),
-                }
-        return found
-
-    def _draw(self) -> None:
-        """Draw every plot anew (on first show, another x axis, or a line that was not there)."""
-        lines = self._lines()
-        colours = {group: Category10_10[i % 10] for i, group in enumerate(self.comparison.groups)}
-        group_of = {run: group for group, runs in self.comparison.groups.items() for run in runs}
-        x_range = DataRange1d()
-        figures, self._sources, self._seed_renderers = [], {}, []
-        for panel in PANELS:
-            mine = {key: data for key, data in lines.items() if key[2] == panel.title}
-            if not mine:
-                continue
-            plot = figure(title=panel.title, height=240, sizing_mode="stretch_width", x_range=x_range,
-                          x_axis_label=self.x, tools="pan,wheel_zoom,box_zoom,reset")  # fmt: skip
-            plot.toolbar.logo = None
-            plot.add_tools(HoverTool(tooltips=[("", "$name"), (self.x, "@x"), ("value", "@value")]))
-            legend = Legend(location="top_left", click_policy="hide", label_text_font_size="8pt",
-                            spacing=0, padding=4)  # fmt: skip
-            plot.add_layout(legend, "right")  # beside the plot: inside, it covered the lines' start
-            series = sorted({key[3] for key in mine})
-            bands: dict[tuple[str, str], Any] = {}  # hidden with their line from the legend
-            for key, data in mine.items():
-                kind, owner, _, label = key
-                name = f"{kind}:{owner}:{label}"
-                colour = colours[owner if kind != "seed" else group_of[owner]]
-                dash = DASHES[series.index(label) % len(DASHES)]
-                source = self._sources[key] = ColumnDataSource(data)
-                if kind == "band":
-                    band = plot.varea("x", "lower", "upper", source=source, fill_color=colour, fill_alpha=0.2)
-                    band.name = name
-                    bands[owner, label] = band
-                elif kind == "line":
-                    line = plot.line(
-                        "x", "value", source=source, line_color=colour, line_width=2, line_dash=dash
-                    )
-                    line.name = name
-                    drawn = [line] + ([bands[owner, label]] if (owner, label) in bands else [])
-                    legend.items.append(LegendItem(label=f"{owner} · {label}", renderers=drawn))
-                else:
-                    seed = plot.line("x", "value", source=source, line_color=colour, line_width=1, line_alpha=0.5,
-                                     line_dash=dash, visible=self.show_seeds)  # fmt: skip
-                    seed.name = name
-                    self._seed_renderers.append(seed)
-            figures.append(plot)
-        layout = gridplot(
-            figures, ncols=2, sizing_mode="stretch_width", merge_tools=False, toolbar_location=None
-        )
-        self._plots.object = layout if figures else None
-        self._header.object = self._header_html()
-
-    def _update_plots(self) -> None:
-        """Give each line its new points in place; draw again where a line appeared or went."""
-        lines = self._lines()
-        if set(lines) != set(self._sources):
-            self._draw()
-            return
-        for key, data in lines.items():
-            source = self._sources[key]
-            if {k: list(v) for k, v in source.data.items()} != data:
-                source.data = data
-        if not _served():
-            pn.io.push_notebook(self._plots)
-
-    def _toggle_seeds(self) -> None:
-        for renderer in self._seed_renderers:
-            renderer.visible = self.show_seeds
-        if not _served():
-            pn.io.push_notebook(self._plots)
+    def _redraw(self) -> None:
+        """Draw the plots again (another x axis, seeds shown or hidden, or another set of lines)."""
+        drawn = self.shared.drawn(self.state, self.x, self.show_seeds)
+        self._shape = drawn.shape
+        self._plots.send(drawn.item, self.shared.update(drawn.state, drawn.lines, self.state, self.x))
+        self._held = (self.state, self.lines())
 
     def _header_html(self) -> str:
         comparison = self.comparison
@@ -283,7 +180,12 @@ class Compare(PeriodicRefresh, pn.viewable.Viewer):
         )
 
     def _show_outcomes(self) -> None:
-        table = self.comparison.outcomes()
+        """Show the outcomes table where it was read again since this view last did."""
+        if self._outcomes_version == self.shared.outcomes_version:
+            return
+        self._outcomes_version = self.shared.outcomes_version
+        self._header.object = self._header_html()  # the runs' statuses
+        table = self.shared.outcomes()
         if table.empty:
             self._outcomes.object = (
                 '<p class="wb-compare-outcomes">No run has a held-out evaluation before and after yet.</p>'
@@ -307,7 +209,7 @@ class Compare(PeriodicRefresh, pn.viewable.Viewer):
         )
 
     def _csv(self) -> io.StringIO:
-        return io.StringIO(self.comparison.outcomes_csv())
+        return io.StringIO(self.shared.outcomes().to_csv(index=False, float_format="%.4g"))
 
     # ------------------------------------------------------------------ view
     def close(self) -> None:
@@ -336,8 +238,3 @@ def _pm(value: float, se: float) -> str:
     if math.isnan(value):
         return "—"
     return f"{value:+.3f} ± {se:.3f}"
-
-
-def _served() -> bool:
-    doc = pn.state.curdoc
-    return doc is not None and doc.session_context is not None

@@ -14,7 +14,7 @@ the ``data-step`` of the monitor header, until the end. ``--browsers K`` also op
 Chromium (Debian's, driven by Playwright), signed in the same way, whose header steps are read in the page.
 Then, in the same run, N viewers arrive again, a share of them (``--compare-share``, half by default) on the
 comparison of the run with the gallery's MarsRL run (``/?compare=<id>,summary:marsrl``: its curves follow the
-run, each session drawing its own figures), the others on the run's page again; a comparison's step is the
+run, drawn once for all its sessions), the others on the run's page again; a comparison's step is the
 last x of its plots' new data (``dashboard_client.Tab``).
 
 Reported: per viewer, the seconds from asking for the page to having the document (``first_doc_s``, target

@@ -9,7 +9,8 @@ event BokehJS sends once it has drawn the document (a ``PATCH-DOC`` carrying a `
 ``state._on_load``: its onload callbacks, its periodic callbacks, HoloViews' plot refreshes). The tab then
 takes the server's patches and records when the monitor header (``wb-last-step``) first showed each step; on
 a page without that header (a comparison, ``/?compare=...``) when a plot's new data first reached a step (the
-largest ``x`` of a replaced data source: the live run's, as a finished run's sources are never replaced).
+largest ``x`` of the lines' data a comparison's plots are sent, ``widgets.compare_plots``: the live run's, as a
+finished run's lines never change).
 
 It keeps the document as JSON and never builds Bokeh's Python models: 20 tabs in one process cost little
 CPU beside the server and the trainer on the same 2 cores, as browsers on other machines would. The
@@ -176,12 +177,22 @@ class Tab:
         if found:
             self.seen.setdefault(int(found.group(1)), time.time())
 
-    def _show_data(self, data: Any) -> None:
-        """A plot's replaced data (``{"type": "map", "entries": [[column, values], ...]}``): its last x, by step."""
-        columns = dict(data.get("entries", [])) if isinstance(data, dict) else {}
-        x = columns.get("x")
-        if isinstance(x, list) and x and all(isinstance(v, int | float) for v in x):
-            self.seen.setdefault(int(max(x)), time.time())
+    def _show_lines(self, message: Any) -> None:
+        """A comparison's message: the JSON text of its lines' new data ({source: {column: values}}); their
+        last x, by step."""
+        for text in _strings(message):
+            try:
+                lines = json.loads(text) if text.startswith("{") else None
+            except ValueError:
+                continue
+            for columns in lines.values() if isinstance(lines, dict) else ():
+                x = (
+                    [v for v in columns.get("x", []) if isinstance(v, int | float)]
+                    if isinstance(columns, dict)
+                    else []
+                )
+                if x:
+                    self.seen.setdefault(int(max(x)), time.time())
 
     async def follow(self, stop: asyncio.Event) -> None:
         """Take the server's patches until ``stop`` is set or the socket closes."""
@@ -204,8 +215,8 @@ class Tab:
                     model = event.get("model") or {}
                     if model.get("id") == self._header_id and event.get("attr") == "text":
                         self._show(event.get("new"))
-                    elif self._header_id is None and event.get("kind") == "ColumnDataChanged":
-                        self._show_data(event.get("data"))
+                    elif self._header_id is None and event.get("kind") == "MessageSent":
+                        self._show_lines(event.get("msg_data"))
         finally:
             stopping.cancel()
 
@@ -227,3 +238,12 @@ class Tab:
             self.error = repr(error)
         finally:
             self.close()
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string in a message's JSON (nested maps and lists)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    return [text for item in value for text in _strings(item)] if isinstance(value, list) else []

@@ -367,7 +367,7 @@ def render_dashboard_load(r: dict) -> str:
         first, lag, mine = c["first_doc_s"], c["update_lag_s"], c["comparison"]
         text += (
             f" Then {r['viewers']} viewers again, {c['viewers_on_comparison']} of them on the run's comparison with "
-            f"the gallery's (`{c['path'].split(',', 1)[1]}`; each session draws its own figures), the others on its "
+            f"the gallery's (`{c['path'].split(',', 1)[1]}`; drawn once for all its sessions), the others on its "
             f"page: first document p95 {s(first['p95'])} (the comparisons' {s(mine['first_doc_s']['p95'])}; "
             f"{first['within_target']} of {r['viewers']} within {r['target_s']:.0f} s), update lag p95 "
             f"{s(lag['p95'])} over {lag['updates']} updates (the comparisons' {s(mine['update_lag_s']['p95'])}), "

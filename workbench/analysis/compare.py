@@ -19,6 +19,13 @@ outcome reward and each rewarded role's reward). The rise from before to after a
 standard error is still a paired one over tasks. Each run (group) is also compared with the first run (group)
 on the scores after training, paired where both were evaluated on the same tasks (else left empty).
 
+A role's score is its own reward, so a Verifier rewarded with the trajectory's outcome scores the outcome, not
+its verdicts. A run with Verifiers (roles whose parser reads a verdict) therefore also has a ``verdicts right``
+row, counted the same way whatever the reward (``workbench.analysis.verdicts``): the share of its Verifiers'
+verdicts that were right, on the problems of its first complete step (before) and of its last (after), each
+step's problems new to the policy that judged them; its standard errors are those of independent proportions
+(other problems, other samples), and it is compared with the first run that has one.
+
 Curves are read from the store (``RunReader.metrics``) or from frames a caller already holds (the dashboard's
 shared polls: ``metrics=``); wall time is the running sum of a run's ``time/step_s``, samples seen the
 running sum of its run-wide ``samples``.
@@ -36,6 +43,7 @@ from typing import Any
 
 import pandas as pd
 
+from workbench.analysis.verdicts import verdict_counts, verdict_measures, verifier_roles
 from workbench.rl.evaluation import OUTCOME, paired_rise
 from workbench.store import RunReader
 from workbench.store.layout import DB_NAME
@@ -49,11 +57,15 @@ IGNORED_FIELDS = frozenset({"runs_dir", "run_id"})
 RUN_WIDE = "run"
 #: The label of the outcome (final answer) score in the outcomes table.
 SYSTEM = "system"
+#: The label of the Verifiers' verdicts in the outcomes table (``verdicts``).
+VERDICTS = "verdicts right"
 OUTCOME_COLUMNS = [
     "name", "kind", "runs", "score", "tasks", "before", "after", "rise", "se", "z", "vs", "diff", "diff_se",
 ]  # fmt: skip
 
 Scores = Mapping[str, Mapping[str, float]]
+#: Verdicts right and verdicts asked for, on a run's first and last complete steps.
+Verdicts = tuple[tuple[float, float], tuple[float, float]]
 
 
 @dataclass(frozen=True)
@@ -326,12 +338,54 @@ def outcome_rows(
     return rows
 
 
+def verdicts(run_dir: Path, spec: Any) -> Verdicts | None:
+    """A run's Verifiers' verdicts right and asked for, on its first and last complete steps (None: no Verifier,
+    fewer than two complete steps, or no verdict on either)."""
+    judges = verifier_roles(spec) if isinstance(spec, Mapping) else set()
+    if not judges:
+        return None
+    marks = ", ".join("?" * len(judges))
+    with RunReader(run_dir) as reader:  # the first and last complete steps with a Verifier's call
+        first, last = reader.sql(
+            "SELECT min(c.step), max(c.step) FROM calls c JOIN steps s ON s.step = c.step "
+            f"WHERE s.status = 'complete' AND c.role IN ({marks})",
+            sorted(judges),
+        ).iloc[0]
+    if pd.isna(first) or first == last:
+        return None
+    found = verdict_measures(verdict_counts(run_dir, judges, [int(first), int(last)]))
+    if len(found) < 2:
+        return None
+    return tuple((float(row.right), float(row.judged)) for row in found.iloc[[0, -1]].itertuples())  # type: ignore[return-value]
+
+
+def _proportions(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    """b's share minus a's, and the standard error of that difference of independent proportions."""
+    p, q = a[0] / a[1], b[0] / b[1]
+    return q - p, math.sqrt(p * (1 - p) / a[1] + q * (1 - q) / b[1])
+
+
+def verdict_row(name: str, found: Verdicts, baseline: tuple[str, Verdicts] | None) -> dict[str, Any]:
+    """The ``verdicts right`` row of one run (see the module's docstring)."""
+    (before, after), compared = found, baseline is not None and baseline[0] != name
+    rise, se = _proportions(before, after)
+    diff, diff_se = _proportions(baseline[1][1], after) if compared else (math.nan, math.nan)
+    return {
+        "name": name, "kind": "run", "runs": 1, "score": VERDICTS, "tasks": int(after[1]),
+        "before": before[0] / before[1], "after": after[0] / after[1], "rise": rise, "se": se,
+        "z": rise / se if se else math.nan, "vs": baseline[0] if compared else "", "diff": diff, "diff_se": diff_se,
+    }  # fmt: skip
+
+
 def outcomes(
-    evaluations: Mapping[str, tuple[Scores, Scores] | None], groups: Mapping[str, Sequence[str]]
+    evaluations: Mapping[str, tuple[Scores, Scores] | None],
+    groups: Mapping[str, Sequence[str]],
+    verdicts: Mapping[str, Verdicts | None] | None = None,
 ) -> pd.DataFrame:
     """The outcomes table (``OUTCOME_COLUMNS``): one block of rows per group of more than one run (its seeds'
-    per-task means), then one per run; runs without two evaluations are left out. Groups are compared with the
-    first group, runs with the first run (``outcome_rows``)."""
+    per-task means), then one per run (its ``verdicts right`` row last, where ``verdicts`` has one); runs without
+    two evaluations are left out. Groups are compared with the first group, runs with the first run
+    (``outcome_rows``, ``verdict_row``)."""
     rows: list[dict[str, Any]] = []
     group_scores = {}
     for group, members in groups.items():
@@ -344,9 +398,13 @@ def outcomes(
         rows += outcome_rows(group, "group", len(groups[group]), before, after, baseline)
     run_scores = {label: found for label, found in evaluations.items() if found is not None}
     first_run = next(iter(run_scores.items()), None)
+    judged = {label: found for label, found in (verdicts or {}).items() if found is not None}
+    first_judged = next(iter(judged.items()), None)
     for label, (before, after) in run_scores.items():
         baseline = (first_run[0], first_run[1][1]) if first_run else None
         rows += outcome_rows(label, "run", 1, before, after, baseline)
+        if label in judged:
+            rows.append(verdict_row(label, judged[label], first_judged))
     return pd.DataFrame(rows, columns=OUTCOME_COLUMNS)
 
 
@@ -391,12 +449,15 @@ class Comparison:
         self.configs: dict[str, dict[str, Any]] = {}
         self.statuses: dict[str, str] = {}
         self.evaluations: dict[str, tuple[Scores, Scores] | None] = {}
+        #: label -> its Verifiers' verdicts right and asked for, first and last complete step (``verdicts``)
+        self.verdicts: dict[str, Verdicts | None] = {}
         for label, run_dir in self.runs.items():
             with RunReader(run_dir) as reader:
                 info = reader.info()
                 self.configs[label] = run_config(run_dir, info["config"])
                 self.statuses[label] = info["status"]
                 self.evaluations[label] = held_out(reader)
+            self.verdicts[label] = verdicts(run_dir, self.configs[label].get("topology"))
         #: the fields on which the runs differ (rows) per run (columns)
         self.diff = config_diff(self.configs)
         #: group label -> run labels (runs that differ only in seed-like fields)
@@ -408,6 +469,7 @@ class Comparison:
             with RunReader(run_dir) as reader:
                 self.statuses[label] = reader.info()["status"]
                 self.evaluations[label] = held_out(reader)
+            self.verdicts[label] = verdicts(run_dir, self.configs[label].get("topology"))
 
     def curves(self, panels: Sequence[Panel] = PANELS) -> pd.DataFrame:
         """Every run's curves: run, panel, series, step, wall_s, samples, value."""
@@ -424,7 +486,7 @@ class Comparison:
 
     def outcomes(self) -> pd.DataFrame:
         """The held-out outcomes per group and run (``outcomes``)."""
-        return outcomes(self.evaluations, self.groups)
+        return outcomes(self.evaluations, self.groups, self.verdicts)
 
     def outcomes_csv(self) -> str:
         """The outcomes table as CSV text."""
@@ -455,6 +517,7 @@ __all__ = [
     "IGNORED_FIELDS",
     "OUTCOME_COLUMNS",
     "PANELS",
+    "VERDICTS",
     "X_AXES",
     "Comparison",
     "Panel",
@@ -470,4 +533,6 @@ __all__ = [
     "run_path",
     "seed_groups",
     "task_means",
+    "verdict_row",
+    "verdicts",
 ]

@@ -145,46 +145,18 @@ def role_metric(runs: Mapping[str, Path], name: str, roles: Sequence[str] | None
 
 
 def verifier_detection(runs: Mapping[str, Path], roles: Sequence[str] | None = None) -> pd.DataFrame:
-    """Per run and step, the Verifiers' error detection: accuracy and recall (MarsRL Fig. 5).
+    """Per run and step, the Verifiers' error detection: accuracy and recall (MarsRL Fig. 5), pooled over the
+    verifier roles (``roles``: those of them only); counted from the calls (``workbench.analysis.verdicts``)."""
+    from workbench.analysis.verdicts import verdict_counts, verdict_measures, verifier_roles
+    from workbench.topology import to_dict
 
-    Read from the calls, so that it holds whatever the Verifiers were rewarded with (MarsRL's comparison: a
-    Verifier rewarded by the system's outcome records no confusion counts of its own). A Verifier is a role
-    whose parser reads a verdict (``action["verdict"]``); the truth of what it judged is its reward's
-    ``judged_correct`` or, failing that, the accuracy of the call it read (``source_id``). "The solution is
-    correct" counts as positive (tp = said correct and was); MarsRL's recall takes a flagged error as
-    positive: recall = errors flagged Wrong / wrong solutions judged = tn / (tn + fp). Accuracy counts a call
-    with no verdict as not right, as the verdict reward does. Both are pooled over the verifier roles.
-    """
-    from workbench.engine.parsers import VERDICT_PARSERS
-    from workbench.rl.metrics import confusion_cell
-
-    rows = []
+    frames = []
     for label, run_dir in runs.items():
-        with RunReader(run_dir) as reader:
-            calls = reader.calls(columns=["step", "role", "source_id", "action", "rewards"])
-        verdicts = calls["action"].map(lambda a: a.get("verdict") if isinstance(a, Mapping) else None)
-        judging = {name for name, role in run_spec(run_dir).roles.items() if role.parser in VERDICT_PARSERS}
-        judges = judging & set(roles or judging)
-        accuracy = {i: (r or {}).get("accuracy") for i, r in zip(calls["id"], calls["rewards"], strict=True)}
-        counts: dict[int, dict[str, float]] = {}
-        for step, role, source, verdict, rewards in zip(
-            calls["step"], calls["role"], calls["source_id"], verdicts, calls["rewards"], strict=True
-        ):
-            truth = (rewards or {}).get("judged_correct", accuracy.get(source) if pd.notna(source) else None)
-            if role not in judges or truth is None:
-                continue
-            key = "no_verdict" if pd.isna(verdict) else confusion_cell(verdict, truth >= 1.0)
-            at = counts.setdefault(int(step), dict.fromkeys(("tp", "fp", "tn", "fn", "no_verdict"), 0.0))
-            at[key] += 1
-        for step, c in sorted(counts.items()):
-            total = sum(c.values())
-            wrong = c["tn"] + c["fp"]
-            rows.append(
-                {"run": label, "step": step, "series": "accuracy", "value": (c["tp"] + c["tn"]) / total}
-            )
-            rows.append({"run": label, "step": step, "series": "recall",
-                         "value": c["tn"] / wrong if wrong else float("nan")})  # fmt: skip
-    return _concat([pd.DataFrame(rows)], ["run", "step", "series", "value"])
+        judging = verifier_roles(to_dict(run_spec(run_dir)))
+        found = verdict_measures(verdict_counts(run_dir, judging & set(roles or judging)))
+        long = found[["accuracy", "recall"]].reset_index().melt("step", var_name="series", value_name="value")
+        frames.append(long.assign(run=label).sort_values(["step", "series"], kind="stable"))
+    return _concat(frames, ["run", "step", "series", "value"])
 
 
 def eval_scores(runs: Mapping[str, Path]) -> pd.DataFrame:
