@@ -5,7 +5,9 @@ the call's position and turn (``workbench.engine.Rollout``), and the hf backend 
 generator of its own: what a call draws no longer depends on which requests share its decode batch, how fast
 a tool in another process answered, or which thread or worker ran it. Each test trains the tiny model twice
 with one seed (2 steps) and compares the stores: every call's prompt and completion token ids and every
-metric but the timings; a run with another seed differs.
+metric but the timings; a run with another seed differs. ``tests/test_same_seed_ray.py`` does the same with the
+rollout on Ray workers; the vLLM tests here (in make test's vLLM phase) draw a training step's calls on vLLM's
+CPU build in batches of other sizes.
 """
 
 from __future__ import annotations
@@ -54,43 +56,49 @@ CHAIN = from_dict(
     }
 )
 
-#: An agent whose tool runs in another process (the python sandbox). The tiny model writes random text, so
-#: the protocol's tags are a space and a letter it writes often: many turns call the tool (with code that fails, which
-#: is a result like any other), and each episode's next turn waits on a subprocess.
-SANDBOXED = from_dict(
-    {
-        "name": "sandboxed",
-        "roles": {
-            "coder": {
-                "messages": [{"role": "user", "content": "{{ question }}"}],
-                "reward": {"kind": "answer", "verifier": "same_seed_digit"},
-                "sampling": {"max_tokens": 8},
-            }
-        },
-        "tools": {"python": {"kind": "python", "options": {"timeout": 10}}},
-        "flow": {
-            "start": "work",
-            "answer": "{{ answer }}",
-            "nodes": {
-                "work": {
-                    "bind": {"answer": "text"},
-                    "agent": "coder",
-                    "tools": ["python"],
-                    "protocol": "tags",
-                    "protocol_options": {
-                        "begin": " ",
-                        "end": "e",
-                        "tool": "python",
-                        "argument": "code",
-                        "result_begin": "<o>",
-                        "result_end": "</o>",
-                    },
-                    "max_turns": 3,
+
+def tool_agent(kind: str, argument: str, options: dict[str, Any]) -> Any:
+    """An agent with one tool of ``kind``, given the text between the tags as ``argument``. The tiny model writes random text, so the protocol's tags are a space
+    and a letter it writes often: many turns call the tool (with arguments that make no sense, whose answer is
+    a result like any other)."""
+    return from_dict(
+        {
+            "name": f"{kind}_agent",
+            "roles": {
+                "coder": {
+                    "messages": [{"role": "user", "content": "{{ question }}"}],
+                    "reward": {"kind": "answer", "verifier": "same_seed_digit"},
+                    "sampling": {"max_tokens": 8},
                 }
             },
-        },
-    }
-)
+            "tools": {"tool": {"kind": kind, "options": options}},
+            "flow": {
+                "start": "work",
+                "answer": "{{ answer }}",
+                "nodes": {
+                    "work": {
+                        "bind": {"answer": "text"},
+                        "agent": "coder",
+                        "tools": ["tool"],
+                        "protocol": "tags",
+                        "protocol_options": {
+                            "begin": " ",
+                            "end": "e",
+                            "tool": "tool",
+                            "argument": argument,
+                            "result_begin": "<o>",
+                            "result_end": "</o>",
+                        },
+                        "max_turns": 3,
+                    }
+                },
+            },
+        }
+    )
+
+
+#: Its tool runs in another process (the python sandbox): each episode's next turn waits on a subprocess.
+SANDBOXED = tool_agent("python", "code", {"timeout": 10})
 
 #: Metrics that measure time (or its share), not what the run did.
 _TIMED = ("time/", "bubble/", "throughput/", "perf/")
@@ -217,3 +225,36 @@ def test_vllm_serves_seeded_requests_whose_prompts_fill_more_than_one_engine_ste
 
     first, again = asyncio.run(both())
     assert [g[0].completion_ids for g in first] == [g[0].completion_ids for g in again]
+
+
+@pytest.mark.vllm
+def test_vllm_draws_a_training_call_the_same_whichever_requests_share_its_batch(shared_vllm):
+    """A training step's rollout on vLLM's CPU build (MarsRL, its requests seeded as training seeds them), three
+    times: 16 episodes decoding side by side, the same again, and each task's group of 4 alone. Other batches
+    would give other logits where the kernels are not batch-invariant, and a token drawn near a boundary would
+    flip; on the CPU build (float32, as training runs it) none does: every call draws the same tokens."""
+    import asyncio
+
+    from workbench.engine import Rollout
+
+    engine = Rollout(wb.load_topology("marsrl"), shared_vllm.get(), max_tokens=8, seed=0)
+    tasks = generate("arithmetic", n=4, seed=0, level=1)
+
+    async def three() -> list[list]:
+        together = await engine.run(tasks, group_size=4, step=0)
+        again = await engine.run(tasks, group_size=4, step=0)
+        apart = [episode for task in tasks for episode in await engine.run([task], group_size=4, step=0)]
+        return [together, again, apart]
+
+    def calls(episodes: list) -> dict[tuple, tuple]:
+        return {
+            (e.task_id, e.sample, c.position): (list(c.prompt_ids), list(c.completion_ids))
+            for e in episodes
+            for c in e.calls
+        }
+
+    together, again, apart = (calls(run) for run in asyncio.run(three()))
+    assert len(together) >= 16 * 3, len(together)
+    assert together == again
+    differ = [key for key in together if apart.get(key) != together[key]]
+    assert together.keys() == apart.keys() and not differ, f"{len(differ)} of {len(together)} calls differ"
