@@ -195,6 +195,46 @@ def test_load_weights_swaps_the_base_model_in_place(engine, tiny_model_path, tmp
         engine.load_weights(tmp_path / "missing")
 
 
+def test_a_holding_engine_serves_the_weights_before_an_update_until_it_is_applied(
+    engine, tiny_model_path, tmp_path
+):
+    """Under the async and pipeline schedulers an update waits for ``apply_held`` (the batches before it done):
+    base weights and adapters alike; a held model update's own copy is deleted once the engine has read it."""
+    import torch
+
+    from workbench.models import load
+
+    prompt = engine.tokenizer("4 + 4 =", add_special_tokens=False)["input_ids"]
+    model, _ = load(tiny_model_path)
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.2)
+    directory = engine.update_directory(tmp_path / "model", 1)
+    model.save_pretrained(directory)
+    expected, _ = peft_greedy(model, prompt, 8)
+    greedy = GenerationRequest(prompt, max_tokens=8, temperature=0.0)
+    before = run(engine.generate(greedy))[0]
+    assert before.completion_ids != expected
+    engine.hold_weights()
+    try:
+        assert engine.load_weights(directory, policy_version=1) == 0.0
+        held = run(engine.generate(greedy))[0]
+        assert (held.completion_ids, held.policy_version) == (before.completion_ids, before.policy_version)
+        engine.apply_held()
+        after = run(engine.generate(greedy))[0]
+        assert (after.completion_ids, after.policy_version) == (expected, 1)
+        assert not directory.exists()
+        random_adapter(tiny_model_path, tmp_path / "adapters-v2", seed=3)
+        engine.update_adapters({"held": tmp_path / "adapters-v2"}, policy_version=2)
+        assert "held" not in engine.adapters and engine.policy_version == 1
+        engine.apply_held()
+        assert "held" in engine.adapters and engine.policy_version == 2
+    finally:
+        engine._held = None  # the shared engine goes back to applying updates at once, on the base weights
+        engine.load_weights(tiny_model_path, policy_version=0)
+
+
 def test_adding_a_directory_without_an_adapter_is_refused(engine, tmp_path):
     with pytest.raises(BackendError, match="adapter_config.json"):
         engine.add_adapter("critic", tmp_path)

@@ -15,7 +15,11 @@ errors unless ``log_level=`` asks for more (``workbench.backends.vllm_lifecycle`
 
 Weights: ``load_weights(checkpoint_dir)`` reloads the base model in place after a training step
 (through ``vllm_worker.WorkbenchWorkerExtension``, which also works around a stale tied output layer
-on vLLM's CPU build); ``add_adapter(name, dir)`` registers or refreshes a LoRA adapter.
+on vLLM's CPU build); ``add_adapter(name, dir)`` registers or refreshes a LoRA adapter, and
+``update_adapters`` refreshes a policy set's adapters as one new version. Under the async and pipeline
+schedulers the engine holds updates back (``hold_weights``) and the scheduler applies each between the
+batches that decode the weights before it and those after (``apply_held``), as the hf backend does: which
+weights a call decodes with is then the schedule's, not the timing's, and a seeded run repeats itself.
 
 A GPU shared with the trainer: ``gpu_memory_utilization`` caps the engine's share of the GPU (weights and KV
 cache), and an engine started with ``enable_sleep_mode=True`` (a GPU only) releases its memory in ``sleep()``
@@ -36,9 +40,11 @@ import asyncio
 import itertools
 import json
 import os
+import shutil
 import time
 import uuid
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +159,11 @@ class VLLMBackend:
         self._adapters: dict[str, Any] = {}
         self._fingerprints: dict[str, tuple] = {}
         self._adapter_ids = itertools.count(1)
+        # updates kept until the scheduler applies them (``hold_weights``): each applies itself, then its files go
+        self._held: list[Callable[[], Any]] | None = None
+        self._served: list[
+            Path
+        ] = []  # a holding engine's adapter copies now served (vLLM may read them again)
         lora = {"max_loras": max_loras, "max_lora_rank": max_lora_rank} if enable_lora else {}
         if not cuda:
             # A seeded request whose prefill is split over two engine steps makes the CPU build rewind the
@@ -299,12 +310,46 @@ class VLLMBackend:
                 f"{directory} holds no *.safetensors weights: save the model with save_pretrained"
             )
         version = self.policy_version + 1 if policy_version is None else policy_version
+        if self.holding:  # the scheduler applies it; the files are this update's own (``update_directory``)
+            self._held.append(lambda: self._reload_now(directory, version, then_delete=True))
+            return 0.0
+        return self._reload_now(directory, version)
+
+    def _reload_now(self, directory: Path, version: int, then_delete: bool = False) -> float:
         started = time.perf_counter()
         try:
             self._loop.run(self._reload(directory, version))
         except Exception as error:
             raise BackendError(f"vllm could not reload weights from {directory}: {error}") from error
+        if then_delete:  # a held update's own copy: the engine has read it
+            shutil.rmtree(directory, ignore_errors=True)
         return time.perf_counter() - started
+
+    @property
+    def holding(self) -> bool:
+        """Whether updates wait for ``apply_held`` (``hold_weights`` was called)."""
+        return self._held is not None
+
+    def hold_weights(self) -> None:
+        """From now on keep the updates ``load_weights`` and ``update_adapters`` are handed until ``apply_held``
+        asks for them. Each update must then come in files of its own (``update_directory``): the next sync
+        writes while this one waits."""
+        if self._held is None:
+            self._held = []
+
+    @staticmethod
+    def update_directory(directory: str | Path, version: int) -> Path:
+        """Where the weights of ``version`` go for a holding engine (``directory`` otherwise, overwritten)."""
+        directory = Path(directory)
+        return directory.with_name(f"{directory.name}-v{version}")
+
+    def apply_held(self, count: int = 1) -> None:
+        """Apply the next ``count`` held updates (those there are), oldest first; the caller has let the
+        requests decoding the weights before them finish."""
+        held = self._held or []
+        for apply in held[:count]:
+            apply()
+        del held[:count]
 
     @property
     def reloading(self) -> bool:
@@ -391,6 +436,23 @@ class VLLMBackend:
         self._adapters[name] = lora
         self._fingerprints[name] = fingerprint
         return lora.lora_int_id
+
+    def update_adapters(self, paths: dict[str, Path], *, policy_version: int) -> None:
+        """Serve the adapters in ``paths`` (name -> peft directory) as ``policy_version``, all at once; held like
+        ``load_weights`` while the engine holds updates (the paths then of this update's own)."""
+        if self.holding:
+            self._held.append(lambda: self._update_adapters_now(paths, policy_version, held=True))
+            return
+        self._update_adapters_now(paths, policy_version)
+
+    def _update_adapters_now(self, paths: dict[str, Path], version: int, held: bool = False) -> None:
+        for name, path in paths.items():
+            self.add_adapter(name, path)
+        self.policy_version = version
+        if held:  # the copies of the update before are served no more
+            for old in self._served:
+                shutil.rmtree(old, ignore_errors=True)
+            self._served = sorted({Path(path) for path in paths.values()})
 
     @property
     def adapters(self) -> dict[str, int]:

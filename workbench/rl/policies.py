@@ -157,15 +157,20 @@ class PolicySet:
             if getattr(backend, "model", None) in list(self.models.values()):
                 backend.policy_version = version  # hf: generates with the trained object itself
                 continue
+            # an engine holding updates for its scheduler (``hold_weights``) gets each in files of its own
+            holding = getattr(backend, "holding", False)
             if self.mode == "lora":
                 base = Path(run_dir) / "sync" / "adapters"
+                base = backend.update_directory(base, version) if holding else base
+                paths = {}
                 for name in self.names:
                     self.models[name].save_pretrained(base, selected_adapters=[name])
-                    path = base if name == "default" else base / name
-                    _with_timeout(partial(backend.add_adapter, name, path), timeout, backend.name)
-                backend.policy_version = version
+                    paths[name] = base if name == "default" else base / name
+                update = partial(backend.update_adapters, paths, policy_version=version)
+                _with_timeout(update, timeout, backend.name)
             elif version > 0 or backend.policy_version != 0:
                 directory = Path(run_dir) / "sync" / "model"
+                directory = backend.update_directory(directory, version) if holding else directory
                 self.models[self.names[0]].save_pretrained(directory, safe_serialization=True)
                 reload = partial(backend.load_weights, directory, policy_version=version)
                 _with_timeout(reload, timeout, backend.name)

@@ -7,11 +7,10 @@ synchronous schedule on a background thread; ``1`` overlaps the rollout of the n
 update on this one. The rollout backends must hold their own copy of the weights (hf: a copy the sync
 refreshes between batches; vLLM: always), so an update never lands mid-batch.
 
-Each batch decodes with the weights published when it was admitted, all its calls: an hf rollout copy holds
-the updates back (``HFBackend.hold_weights``), and a batch admitted after an update waits for the batches
-admitted before it to finish, then applies it (``apply_held``). Which weights a call sees is then the
-schedule's, not the timing's, and a seeded run repeats itself. (vLLM reloads between requests, when the
-update arrives: which calls of a batch in flight see it is a matter of timing.)
+Each batch decodes with the weights published when it was admitted, all its calls: the rollout engine (an hf
+rollout copy, vLLM) holds the updates back (``hold_weights``), and a batch admitted after an update waits for
+the batches admitted before it to finish, then applies it (``apply_held``). Which weights a call sees is then
+the schedule's, not the timing's, and a seeded run repeats itself.
 """
 
 from __future__ import annotations

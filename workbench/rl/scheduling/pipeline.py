@@ -15,8 +15,8 @@ With ``max_staleness = 1`` (the default) the next step's level starts as soon as
 so it rolls out (from the rollout backend's own weight copy) while the trainer updates on this one, and
 its calls train one version late; ``0`` keeps rollout and update apart (every call trains on the policy
 that generated it). The level rolled out beside the update decodes with the weights from before it, all its
-calls: an hf rollout copy holds the update back (``HFBackend.hold_weights``) until the next level opens, so
-which weights a call sees is the schedule's, not the timing's.
+calls: the rollout engine (an hf rollout copy, vLLM) holds the update back (``hold_weights``) until the next
+level opens, so which weights a call sees is the schedule's, not the timing's.
 
 With ``carry`` (the run has a ``segment_len``; flows of call nodes, one generation each) a step decodes
 at most one segment of each call: a call
