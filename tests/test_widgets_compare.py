@@ -82,11 +82,34 @@ def test_a_running_run_keeps_updating_and_gets_its_outcomes_when_it_ends(runs, t
         item, data = sent[0]
         assert item is None, "the same lines: their new data only, not another drawing"
         line = json.loads(data)['["line", "learning_rate=0.0001", "reward", "solver"]']
-        assert line["value"] == pytest.approx([reward(OTHER_LR, 1, s) for s in range(2)])
+        assert line["at"] == 1 and line["x"] == [1], "the new step only: the page keeps the first point"
+        assert line["value"] == pytest.approx([reward(OTHER_LR, 1, 1)])
+        assert '["line", "learning_rate=1e-05", "reward", "solver"]' not in data, (
+            "a finished run's: unchanged"
+        )
         assert 'data-name="live"' in view._outcomes.object and not view.active
         newer = Compare({"base": runs[0], "live": store.run_dir}, live=False)
         assert newer._plots.item == late._plots.item, "a new view gets the drawing the first had"
         assert json.loads(newer._plots.data) == json.loads(data), "and the data since"
+    finally:
+        store.close()
+
+
+def test_a_group_mean_is_sent_from_the_first_step_a_late_seed_changed(runs, tmp_path):
+    store = write_run(tmp_path, BASE_LR, 2, steps=1, finished=False)  # seed 2 behind seeds 0 and 1
+    try:
+        view = Compare({"s0": runs[0], "s1": runs[1], "s2": store.run_dir}, live=False)
+        sent = []
+        view._plots.send = lambda item=None, data="": sent.append((item, data))
+        write_step(store, BASE_LR, 2, 1)
+        assert view.refresh() and sent[0][0] is None
+        changed = json.loads(sent[0][1])
+        band = changed['["band", "all runs", "reward", "solver"]']  # one config: one group
+        assert band["at"] == 1 and band["x"] == [1, 2], "step 0 kept, step 1's mean changed, step 2 as it was"
+        assert band["value"][0] == pytest.approx(sum(reward(BASE_LR, seed, 1) for seed in range(3)) / 3)
+        seed = changed['["seed", "s2", "reward", "solver"]']
+        assert seed == {"at": 1, "x": [1], "value": [reward(BASE_LR, 2, 1)]}
+        assert '["seed", "s0", "reward", "solver"]' not in changed
     finally:
         store.close()
 

@@ -4,11 +4,11 @@
 its ``Comparison`` (configs, diff, groups, outcomes; built once), and, per state of the runs (each run's last
 metric row id, read through its ``widgets.shared_poll.SharedRun``), its curves and the lines to draw. Its plots
 are drawn once per x axis, seeds shown or not, and set of lines, as a Bokeh layout's ``json_item`` (``Drawn``);
-a view (a ``ComparePlots`` in the page, drawn by BokehJS) gets that JSON text and then the data of the lines
-that changed since it, as one JSON text per pair of states shared by every view at the same state. So a
-comparison page costs the server no Bokeh figure of its own, as the Curves tab's ``StreamedPlots`` does
-(``widgets.reward_monitor``); lines are replaced whole (a group's mean may change at earlier steps as its seeds
-arrive), and are small.
+a view (a ``ComparePlots`` in the page, drawn by BokehJS) gets that JSON text and then what changed in its
+lines since it, as one JSON text per pair of states shared by every view at the same state. So a comparison page
+costs the server no Bokeh figure of its own, as the Curves tab's ``StreamedPlots`` does
+(``widgets.reward_monitor``). A changed line is sent from its first changed point on: a run's new steps only,
+as a rule; more where a group's mean changed at earlier steps (a seed that reached them later).
 
 Sources are named by their line's key as JSON; renderers ``band:<group>:<series>``, ``line:<group>:<series>``
 and ``seed:<run>:<series>`` (what a browser test reads).
@@ -65,6 +65,16 @@ def _source_name(key: Line) -> str:
 
 def _jsonable(values: list) -> list:
     return [None if isinstance(v, float) and math.isnan(v) else v for v in values]
+
+
+def _kept(was: dict[str, list], now: dict[str, list]) -> int:
+    """How many first points of a line are the same in ``was`` and ``now`` (its columns, NaN as None)."""
+    if was.keys() != now.keys():
+        return 0
+    old, new = list(zip(*was.values(), strict=True)), list(zip(*(now[c] for c in was), strict=True))
+    return next(
+        (i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b), min(len(old), len(new))
+    )
 
 
 @dataclass(frozen=True)
@@ -164,17 +174,19 @@ class SharedComparison:
         return drawn
 
     def update(self, old: tuple, before: Lines, new: tuple, x: str) -> str:
-        """The data of the lines along ``x`` that changed from ``before`` (the lines at state ``old``) to those
-        at state ``new``, as the JSON text a ``ComparePlots`` takes: {source name: {column: values}} (NaN as
-        null); "" where none did. Computed once for every view at the same two states."""
+        """What changed in the lines along ``x`` from ``before`` (the lines at state ``old``) to those at state
+        ``new``, as the JSON text a ``ComparePlots`` takes: {source name: {"at": the points kept, column: the
+        values from there on}} (NaN as null); "" where nothing did. Computed once for every view at the same two
+        states."""
 
         def compute() -> str:
-            after = self.lines(new, x)
-            changed = {
-                _source_name(key): {column: _jsonable(values) for column, values in data.items()}
-                for key, data in after.items()
-                if before.get(key) != data
-            }
+            changed = {}
+            for key, data in self.lines(new, x).items():
+                now = {column: _jsonable(values) for column, values in data.items()}
+                was = {column: _jsonable(values) for column, values in before.get(key, {}).items()}
+                if now != was:
+                    at = _kept(was, now)
+                    changed[_source_name(key)] = {"at": at} | {column: v[at:] for column, v in now.items()}
             return json.dumps(changed) if changed else ""
 
         return "" if old == new else self._once("updates", (old, new, x), compute)
@@ -262,8 +274,9 @@ def draw_figures(lines: Lines, groups: Mapping[str, list[str]], x: str, seeds: b
 
 class ComparePlots(JSComponent):
     """A Bokeh layout drawn in the browser from its ``json_item`` (``item``), whose sources then take the data
-    of ``data`` and of each message: ``{"item": JSON}`` draws another layout, ``{"data": JSON}`` replaces the
-    data of the named sources ({name: {column: values}}, null for NaN). The server builds no Bokeh model for it."""
+    of ``data`` and of each message: ``{"item": JSON}`` draws another layout, ``{"data": JSON}`` changes the
+    data of the named sources ({name: {"at": n, column: values}}: keep the first n points, then the values; null
+    for NaN). The server builds no Bokeh model for it."""
 
     item = param.String(doc="The layout's json_item, as JSON text (the view's first drawing).")
     data = param.String(doc="The lines' data since that drawing, as JSON text ('' for none).")
@@ -286,12 +299,13 @@ export function render({ model, el }) {
 
   function update(text) {
     if (doc == null || !text) { return }
-    for (const [name, columns] of Object.entries(JSON.parse(text))) {
+    for (const [name, {at, ...columns}] of Object.entries(JSON.parse(text))) {
       const source = doc.get_model_by_name(name)
       if (source == null) { continue }
       const data = {}
       for (const [column, values] of Object.entries(columns)) {
-        data[column] = values.map((v) => (v === null ? NaN : v))
+        const kept = Array.from(source.data[column] ?? []).slice(0, at)
+        data[column] = kept.concat(values.map((v) => (v === null ? NaN : v)))
       }
       source.data = data
     }
