@@ -1,17 +1,25 @@
 """FSDP2 trainer ranks (issue 48): two ranks over gloo apply the update one trainer applies.
 
-One spawn of two processes runs every case (shared weights, a model per role, a LoRA adapter per role, a
+One group of two processes runs every case (shared weights, a model per role, a LoRA adapter per role, a
 shared model with the KL reference) on the tiny model while this process runs the lone trainer on the
 same weights and samples; the first optimizer step's gradients (after FSDP's reduction) and parameters
 are compared, then the weights after the whole step and the optimizer state gathered out of the shards.
+
+The ranks are forked from a fork server that imported torch, transformers, peft and these tests once
+(``forked``; ``tests/test_sharded_checkpoint.py``'s ranks and writers too): a process spawned afresh imports
+them again, 7 to 14 s of CPU each.
 """
 
 from __future__ import annotations
 
 import copy
+import multiprocessing
+import multiprocessing.forkserver
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -27,6 +35,35 @@ CASES: dict[str, dict[str, Any]] = {
     "lora": {"policies": "lora", "policy_per_role": True},
     "shared_kl": {"policies": "shared", "kl_coef": 0.1},
 }
+
+
+#: What the ranks import, imported once by the fork server they are forked from (it runs no torch op: a process
+#: forked after OpenMP's threads started could hang in them). Each then imports only its test module.
+PRELOAD = [
+    "torch.distributed.checkpoint",
+    "torch.distributed.fsdp",
+    "transformers.models.qwen2.modeling_qwen2",
+    "peft",
+    "workbench.rl.parts",
+    "workbench.rl.fsdp",
+    "workbench.rl.checkpoint",
+    "tests.grpo_samples",
+]
+
+
+def forked(fn: Callable[..., None], args: tuple, nprocs: int, join: bool = True) -> Any:
+    """``torch.multiprocessing.spawn``, each process forked from the fork server (``fork_server``)."""
+    return mp.start_processes(fn, args=args, nprocs=nprocs, join=join, start_method="forkserver")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fork_server() -> Iterator[None]:
+    """The fork server, importing ``PRELOAD`` while the module's first tests run; stopped after the module (it
+    holds ~0.5 GB)."""
+    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    multiprocessing.forkserver.ensure_running()
+    yield
+    multiprocessing.forkserver._forkserver._stop()
 
 
 def some_samples(tokenizer: Any, n: int = 10) -> list[Sample]:
@@ -137,7 +174,7 @@ def test_two_fsdp_ranks_over_gloo_apply_the_update_one_trainer_applies(tmp_path:
     from workbench.rl.parts import policy_trainer
 
     out = tmp_path / "ranks.pt"
-    group = mp.spawn(_rank, args=(str(tmp_path / "store"), str(out)), nprocs=2, join=False)
+    group = forked(_rank, (str(tmp_path / "store"), str(out)), nprocs=2, join=False)
     alone = {}
     for case in CASES:  # meanwhile, the lone trainer on the same weights and samples
         cfg, policies, reference, samples = build(case)

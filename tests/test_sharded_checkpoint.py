@@ -1,14 +1,15 @@
 """Sharded checkpoints (``torch.distributed.checkpoint``): a lone trainer's round trip for every policy layout,
-resharding between FSDP2 groups of 2 and 4 gloo ranks and one process, and kill -9 while one is written."""
+resharding between FSDP2 groups of 2 and 4 gloo ranks and one process, and kill -9 while one is written.
+
+The ranks and the writers killed are forked from one fork server (``tests.test_fsdp.forked``), which imported
+torch, transformers and the workbench once for them all.
+"""
 
 from __future__ import annotations
 
 import copy
-import os
+import multiprocessing
 import random
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,7 +17,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 import workbench as wb
 from tests.grpo_samples import grpo_groups
+from tests.test_fsdp import fork_server, forked  # noqa: F401 (the module's fork server)
 from workbench.models import load as load_model
 from workbench.rl import checkpoint
 from workbench.rl.config import TrainConfig
@@ -173,7 +174,7 @@ def _rank(rank: int, world: int, init: str, jobs: list[tuple[str, str, str]]) ->
 
 
 def _group(tmp_path: Path, world: int, jobs: list[tuple[str, str, str]]) -> None:
-    mp.spawn(_rank, args=(world, str(tmp_path / f"init-{world}"), jobs), nprocs=world, join=True)
+    forked(_rank, (world, str(tmp_path / f"init-{world}"), jobs), nprocs=world)
 
 
 def _assert_same(got: dict, expected: dict, exact: bool = True) -> None:
@@ -215,61 +216,60 @@ def test_fsdp_shards_reshard_from_2_ranks_to_1_and_4_and_from_1_to_2(tmp_path):
 
 # ---------------------------------------------------------------- kill -9 while a checkpoint is written
 
-_WRITER = """
-import sys, types, torch
-from workbench.models import load
-from workbench.rl import checkpoint
-torch.set_num_threads(1)
-model, _ = load("tiny")
-trainer = types.SimpleNamespace(models={"base": model}, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3))
-run_dir, step = sys.argv[1], 0
-if (latest := checkpoint.latest(run_dir)) is not None:
-    step = checkpoint.load(latest, None, trainer)["step"] + 1
-while True:
-    for p in model.parameters():
+
+def _adamw_on_tiny() -> SimpleNamespace:
+    """A trainer as ``checkpoint`` sees one: the tiny model and AdamW."""
+    model, _ = load_model("tiny")
+    return SimpleNamespace(models={"base": model}, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3))
+
+
+def _step(trainer: SimpleNamespace) -> None:
+    for p in trainer.models["base"].parameters():
         p.grad = torch.full_like(p, 0.5)
     trainer.optimizer.step()
-    checkpoint.save(run_dir, step, trainer, {"policy_version": step}, keep=2)
-    step += 1
-"""
 
 
-def _uninterrupted(steps: int) -> SimpleNamespace:
-    model, _ = load_model("tiny")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    for _ in range(steps):
-        for p in model.parameters():
-            p.grad = torch.full_like(p, 0.5)
-        optimizer.step()
-    return SimpleNamespace(models={"base": model}, optimizer=optimizer)
+def _write_until_killed(run_dir: str) -> None:
+    """Resume from the newest checkpoint in ``run_dir``, then step and checkpoint (keeping two) forever."""
+    from transformers.utils import logging
+
+    torch.set_num_threads(1)
+    logging.disable_progress_bar()  # its lock is a semaphore that a process killed leaves to clean up
+    trainer, step = _adamw_on_tiny(), 0
+    if (latest := checkpoint.latest(run_dir)) is not None:
+        step = checkpoint.load(latest, None, trainer)["step"] + 1
+    while True:
+        _step(trainer)
+        checkpoint.save(run_dir, step, trainer, {"policy_version": step}, keep=2)
+        step += 1
 
 
 def test_kill_9_while_writing_shards_leaves_the_previous_checkpoint_whole(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    chooser, committed = random.Random(0), -1
+    context, chooser, committed = multiprocessing.get_context("forkserver"), random.Random(0), -1
     for _ in range(3):
-        writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], env=env)
+        writer = context.Process(target=_write_until_killed, args=(str(tmp_path),))
+        writer.start()
         try:
             deadline = time.monotonic() + 120
             while (latest := checkpoint.latest(tmp_path)) is None or int(latest.name[5:]) <= committed:
-                assert writer.poll() is None and time.monotonic() < deadline, "the writer saved nothing new"
+                assert writer.is_alive() and time.monotonic() < deadline, "the writer saved nothing new"
                 time.sleep(0.02)
             time.sleep(chooser.uniform(0.0, 0.5))
         finally:
-            os.kill(writer.pid, signal.SIGKILL)
-            writer.wait()
+            writer.kill()  # SIGKILL
+            writer.join()
         latest = checkpoint.latest(tmp_path)
         step = int(latest.name[5:])
         assert step > committed, "no committed step is lost"
         committed = step
     # the newest complete checkpoint loads, and is the state of an uninterrupted run after as many steps
-    model, _ = load_model("tiny")
-    resumed = SimpleNamespace(
-        models={"base": model}, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3)
-    )
+    resumed, expected = _adamw_on_tiny(), _adamw_on_tiny()
     assert checkpoint.load(checkpoint.latest(tmp_path), None, resumed)["step"] == committed
-    expected = _uninterrupted(committed + 1)
-    for got, want in zip(model.parameters(), expected.models["base"].parameters(), strict=True):
+    for _ in range(committed + 1):
+        _step(expected)
+    for got, want in zip(
+        resumed.models["base"].parameters(), expected.models["base"].parameters(), strict=True
+    ):
         assert torch.equal(got, want)
     got_state, want_state = resumed.optimizer.state_dict()["state"], expected.optimizer.state_dict()["state"]
     assert all(torch.equal(got_state[i]["exp_avg_sq"], want_state[i]["exp_avg_sq"]) for i in want_state)
