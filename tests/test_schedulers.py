@@ -34,11 +34,19 @@ def _staleness(reader: wb.RunReader):
 @pytest.mark.parametrize(("bound", "policies"), [(0, "shared"), (1, "shared"), (1, "lora")])
 def test_async_never_trains_a_sample_older_than_max_staleness(bound, policies, tmp_path):
     config = _config(
-        tmp_path, scheduler="async", max_staleness=bound, steps=4, topology="marsrl", policies=policies
+        tmp_path,
+        scheduler="async",
+        max_staleness=bound,
+        steps=4,
+        topology="marsrl",
+        policies=policies,
+        eval_tasks=2,
     )
     run_dir = create(config)
     assert run_here(run_dir) == "finished"
     reader = wb.RunReader(run_dir)
+    # the final evaluation scores the trained weights, not those the last batch rolled out with (held back)
+    assert reader.metrics_wide()["eval/policy_version"].dropna().tolist()[-1] == 4.0
     lag, calls = _staleness(reader)
     assert len(calls) and (lag >= 0).all()
     assert lag.max() <= bound, lag.value_counts().to_dict()
@@ -47,7 +55,7 @@ def test_async_never_trains_a_sample_older_than_max_staleness(bound, policies, t
         assert lag.max() == 1
     wide = reader.metrics_wide()
     assert (wide["policy_lag/max"].dropna() <= bound).all()
-    assert list(reader.steps()["step"]) == [0, 1, 2, 3]
+    assert list(reader.steps()["step"]) == [0, 1, 2, 3, 4]  # and the final evaluation's
     assert reader.episodes().groupby("step").size().tolist() == [4, 4, 4, 4], "no batch lost or repeated"
     for name in ("bubble/rollout", "bubble/trainer", "time/rollout_idle_s", "time/trainer_idle_s"):
         assert name in wide.columns and (wide[name].dropna() >= 0).all(), name

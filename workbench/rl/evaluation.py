@@ -29,6 +29,9 @@ def evaluate(engine: Any, tasks: list[Any], run_sync: Callable[..., Any]) -> tup
         scores.update({role: sum(v) / len(v) for role, v in by_role.items()})
         per_task[str(episode.task_id)] = scores
     metrics = {"eval/accuracy": sum(s[OUTCOME] >= 1.0 for s in per_task.values()) / len(per_task)}
+    versions = [call.policy_version for episode in episodes for call in episode.calls]
+    if versions:  # the weights it scored: the oldest version any of its calls decoded with
+        metrics["eval/policy_version"] = float(min(versions))
     roles = sorted({key for s in per_task.values() for key in s} - {OUTCOME})
     for role in roles:
         values = [s[role] for s in per_task.values() if role in s]

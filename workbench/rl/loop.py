@@ -24,6 +24,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from workbench.backends.wrapper import unwrap
 from workbench.rl import checkpoint
 from workbench.rl.advantages import AdvantageStats, balance, compute_advantages
 from workbench.rl.config import TrainConfig
@@ -46,6 +47,9 @@ from workbench.rl.scheduling import (
 from workbench.rl.scheduling.pipeline import overlaps
 from workbench.store.episodes import write_step
 from workbench.topology.spec import with_sampling
+
+#: ``apply_held``'s count for all the updates an engine holds
+EVERY_HELD = 1 << 30
 
 
 def task_order(n_tasks: int, step: int, batch_size: int, seed: int) -> list[int]:
@@ -300,6 +304,11 @@ def end(run: Run, status: str) -> str:
     """The final held-out evaluation of a finished run; close the scheduler and backends, store ``status``."""
     config = run.config
     if status == "finished" and run.eval_tasks:
+        # the final weights: a rollout engine holding updates for its scheduler (async, pipeline) has the last
+        # step's still held, no batch left to open it
+        for backend in {id(unwrap(b)): unwrap(b) for b in run.backends.values()}.values():
+            if hasattr(backend, "apply_held"):
+                backend.apply_held(EVERY_HELD)
         eval_metrics, held_out = evaluate(run.greedy, run.eval_tasks, run.scheduler.run)
         with run.store.step(config.steps, policy_version=run.policy_version) as final:
             final.log_metrics({**eval_metrics, "final_eval": 1.0})
