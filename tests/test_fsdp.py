@@ -218,3 +218,14 @@ def test_two_fsdp_ranks_over_gloo_apply_the_update_one_trainer_applies(tmp_path:
     for k, state in ranks["shared"]["optimizer"]["state"].items():
         assert torch.equal(again[k]["exp_avg_sq"], state["exp_avg_sq"])
     print(f"largest differences: gradients {worst['grad']:.2e} relative, parameters {worst['param']:.2e}")
+
+
+def test_on_cuda_in_bf16_the_units_gather_bf16_weights_and_reduce_fp32_gradients():
+    """The GPU branch's precision, decided without a GPU: bf16 compute on CUDA only; fp32 everywhere else."""
+    from workbench.rl.fsdp import mixed_precision
+
+    gpu = mixed_precision("cuda", torch.bfloat16)
+    assert (gpu.param_dtype, gpu.reduce_dtype) == (torch.bfloat16, torch.float32)
+    for device_type, dtype in (("cuda", torch.float32), ("cpu", torch.bfloat16), ("cpu", torch.float32)):
+        plain = mixed_precision(device_type, dtype)
+        assert (plain.param_dtype, plain.reduce_dtype) == (None, None), (device_type, dtype)

@@ -51,10 +51,7 @@ def shard_models(models: Iterable[torch.nn.Module], device_type: str, dtype: tor
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh(device_type, (dist.get_world_size(),))
-    mixed = device_type == "cuda" and dtype == torch.bfloat16
-    policy = MixedPrecisionPolicy(
-        param_dtype=torch.bfloat16 if mixed else None, reduce_dtype=torch.float32 if mixed else None
-    )
+    policy = mixed_precision(device_type, dtype)
     for model in {id(m): m for m in models}.values():
         layers = _layer_classes(model)
         for module in list(model.modules()):
@@ -67,6 +64,15 @@ def shard_models(models: Iterable[torch.nn.Module], device_type: str, dtype: tor
             if isinstance(unit, FSDPModule):  # plain sums, which gloo reduces too (no pre-multiplied sum)
                 unit.set_gradient_divide_factor(1.0)
                 unit.set_force_sum_reduction_for_comms(True)
+
+
+def mixed_precision(device_type: str, dtype: torch.dtype) -> MixedPrecisionPolicy:
+    """The units' precision: on CUDA with a bf16 compute dtype, bf16 weights gathered for compute and fp32
+    gradients reduced into the fp32 shards; elsewhere the parameters' own dtype throughout."""
+    mixed = device_type == "cuda" and dtype == torch.bfloat16
+    return MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16 if mixed else None, reduce_dtype=torch.float32 if mixed else None
+    )
 
 
 def token_logprobs(
