@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import workbench as wb
+from tests.same_seed_parts import CHAIN, _stored, _train
 from tests.test_cluster import ray_cluster  # noqa: F401 (the module's cluster)
-from tests.test_same_seed import CHAIN, _stored, _train
 from workbench.models import load as load_model
 from workbench.rewards import register
 from workbench.rl import checkpoint

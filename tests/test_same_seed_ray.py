@@ -17,8 +17,8 @@ import math
 import pytest
 
 import workbench as wb
+from tests.same_seed_parts import SANDBOXED, _stored, _train, tool_agent
 from tests.test_cluster import ray_cluster  # noqa: F401 (the module's cluster)
-from tests.test_same_seed import SANDBOXED, _stored, _train, tool_agent
 
 #: Its tool answers in the worker's own process: BM25 over a small generated knowledge base.
 SEARCHING = tool_agent("bm25", "query", {"n_entities": 12, "top_k": 1, "snippet_chars": 40})
