@@ -230,26 +230,57 @@ def _reproduce(args: argparse.Namespace) -> int:
     from workbench.reports.reproduce import reproduce, summarise
 
     runs = args.runs
+    seed = args.seed
     if args.train:  # make (or finish) the plan's runs first, then draw the notebooks from them
-        from workbench.reports.plan import export_summaries, make_runs, runs_argument
+        from workbench.reports.plan import export_summaries, make_runs, parse_seeds, runs_argument, seed_runs
 
         if runs:
             print("error: --train makes the runs; leave out --runs (or pass --runs-dir)", file=sys.stderr)
             return 2
+        try:
+            seeds = parse_seeds(args.seeds) if args.seeds else None
+        except ValueError as error:
+            print(f"error: --seeds: {error}", file=sys.stderr)
+            return 2
         scale = "quick" if args.quick else "full"
-        made = make_runs(args.runs_dir, args.paper, scale, args.model)
+        made = make_runs(args.runs_dir, args.paper, scale, args.model, seeds=seeds)
         if args.summaries:
             command = shlex.join(
                 ["workbench", "reproduce", args.paper, "--train"]
                 + ["--quick"] * args.quick
                 + (["--model", args.model] if args.model else [])
+                + (["--seeds", args.seeds] if args.seeds else [])
                 + ["--runs-dir", args.runs_dir, "--summaries", args.summaries]
             )
             for name, path in export_summaries(made, args.summaries, command, scale).items():
                 print(f"{name}: summary in {path}")
-        runs = runs_argument(made)
+        if seed is None:  # the notebooks draw seed 0's runs, else the first seed's
+            seed = 0 if seeds is None or 0 in seeds else seeds[0]
+        drawn = seed_runs(made, seed)
+        if not drawn:
+            print(
+                f"error: --seed {seed}: no run of that seed was made (--seeds {args.seeds})", file=sys.stderr
+            )
+            return 2
+        runs = runs_argument(drawn)
+        seed = 0  # the runs are given by name: nothing left to choose among
+    if args.seeds_table:  # the gallery's claims across seeds, from the summaries (or the runs just made)
+        from workbench.reports.seeds import GALLERY, write_seeds_table
+        from workbench.reports.series import COMMITTED_RUNS
+
+        folder = args.summaries or (args.runs_dir if args.train else str(COMMITTED_RUNS))
+        print(write_seeds_table(folder, args.gallery or GALLERY))
+        print(f"claims across seeds written into {args.gallery or GALLERY}")
+        if not args.train:
+            return 0
     results = reproduce(
-        args.paper, runs, args.out, benchmark=args.benchmark, workers=args.workers, timeout=args.timeout
+        args.paper,
+        runs,
+        args.out,
+        benchmark=args.benchmark,
+        workers=args.workers,
+        timeout=args.timeout,
+        seed=seed or 0,
     )
     return summarise(results, args.out)
 
@@ -444,7 +475,32 @@ def _add_reproduce_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--summaries",
         default=None,
-        help="--train: also write each run's summary (a few KB to commit) to this folder, e.g. reports/runs",
+        help="--train: also write each run's summary (a few KB to commit) to this folder, e.g. reports/runs; "
+        "--seeds-table: read the summaries there (default reports/runs)",
+    )
+    p.add_argument(
+        "--seeds",
+        default=None,
+        help="--train: make every run once per seed, e.g. 0,1,2 (seed k > 0 in <name>-seed<k>/, its summary "
+        "likewise; resumable); default: once, with the config's seed",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="the seed whose runs the notebooks draw where the runs hold several (default 0: the folders "
+        "named after the plan's runs)",
+    )
+    p.add_argument(
+        "--seeds-table",
+        action="store_true",
+        help="write the gallery's claims across seeds (every seed's value, mean ± SE, verdict) from the "
+        "summaries into --gallery; without --train that is all it does",
+    )
+    p.add_argument(
+        "--gallery",
+        default=None,
+        help="--seeds-table: the page to write it into (default docs/gallery.md, between its seeds markers)",
     )
     p.set_defaults(func=_reproduce)
 

@@ -11,6 +11,13 @@ out again, so the command can be stopped and started again at any point. The not
 Three scales of the same plan: ``full`` (SmolLM2-135M, the runs as documented), ``quick`` (a fifth of the steps and
 fewer held-out tasks: the same pipeline in minutes) and ``sample`` (the tiny model, two or three steps: what the
 tests and the notebooks' checks draw on).
+
+Seeds: by default each run is made once, with its config's seed (0), in ``RUNS/<name>/``. ``seeds`` (``workbench
+reproduce all --train --seeds 0,1,2``) makes every run once per seed, seed by seed: seed 0 in ``RUNS/<name>/`` as
+before, seed k > 0 in ``RUNS/<name>-seed<k>/`` (``seed_folder``), and their summaries likewise; a training run's
+seed draws its training tasks, data order and held-out tasks (``seed + 10,000``), a rollout's its tasks and sampling,
+and a run that rolls out another's model (``model_of``) takes that run's of the same seed. The claims table across
+seeds (``workbench.reports.seeds``) reads them all.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from workbench.reports.seed_folders import seed_folder, split_seed
 
 SCALES = ("full", "quick", "sample")
 
@@ -91,7 +100,7 @@ _SEARCHING_REASONER = (
 
 def _held_out_rollout(training: Mapping[str, Any]) -> dict[str, Any]:
     """A greedy rollout over the held-out tasks of a training run with ``training``'s fields (the training loop
-    draws them from the seed 10,000 above the run's seed, 0 here)."""
+    draws them from the seed 10,000 above the run's seed: 0 here, the run's seed added by ``make_run``)."""
     return dict(
         tasks=training["tasks"],
         task_options=training["task_options"],
@@ -268,27 +277,32 @@ def make_run(
     scale: str = "full",
     model: str | None = None,
     log: Callable = print,
+    seed: int | None = None,
 ) -> Path:
     """Make ``run`` in ``runs_dir/<name>/``, or finish it: kept if it finished, resumed if a training run
-    stopped before its end, redone if a rollout did not finish. Returns its run directory."""
+    stopped before its end, redone if a rollout did not finish. Returns its run directory. ``seed``: the run's
+    seed (default: its config's, 0), in ``runs_dir/<name>-seed<k>/`` for k > 0 (``seed_folder``)."""
     from workbench.reports.series import newest_run
     from workbench.rl.config import TrainConfig
     from workbench.topology import to_yaml
     from workbench.training import TOPOLOGY_FILE, BackgroundRun, create, run_here
 
-    folder = Path(runs_dir) / run.name
+    folder = Path(runs_dir) / seed_folder(run.name, seed)
+    label = folder.name
     fields = scaled(run, scale)
+    if seed is not None and not run.rollout:
+        fields["seed"] = int(seed)
     model = model or ("tiny" if scale == "sample" else "smollm2-135m")
     existing = newest_run(folder)  # an earlier attempt's, if any
     if existing is not None and BackgroundRun(existing).status == "finished":
-        log(f"{run.name}: finished before, kept ({existing})")
+        log(f"{label}: finished before, kept ({existing})")
         return existing
     if run.rollout:
         if existing is not None:
             shutil.rmtree(existing)
         if run.model_of:
-            model = _trained_model(run, Path(runs_dir), folder)
-        return _rollout(run, folder, fields, model, log)
+            model = _trained_model(run, Path(runs_dir), folder, seed, log)
+        return _rollout(run, folder, fields, model, log, seed)
     if existing is None:
         # one checkpoint a run (1.5 GB for SmolLM2-135M with its optimizer state): enough to resume, and the
         # plan's training runs would hold 20 GB with two each
@@ -298,38 +312,45 @@ def make_run(
         existing = create(config)
         if run.changes:  # the variant's spec, saved beside the run (training and the reports read it there)
             (existing / TOPOLOGY_FILE).write_text(to_yaml(_topology(run)))
-        log(f"{run.name}: training {config.steps} steps of {run.topology} ({run.what}) in {existing}")
+        log(f"{label}: training {config.steps} steps of {run.topology} ({run.what}) in {existing}")
     else:
-        log(f"{run.name}: resuming {existing} from its last checkpoint")
+        log(f"{label}: resuming {existing} from its last checkpoint")
     status = run_here(existing, log=log)
     if status != "finished":
-        raise RuntimeError(f"{run.name} ended {status}; run the command again to resume it ({existing})")
+        raise RuntimeError(f"{label} ended {status}; run the command again to resume it ({existing})")
     return existing
 
 
-def _trained_model(run: PlannedRun, runs_dir: Path, folder: Path) -> str:
-    """The weights the plan's run ``run.model_of`` trained, exported into ``folder`` (again each time: a few s)."""
+def _trained_model(
+    run: PlannedRun, runs_dir: Path, folder: Path, seed: int | None = None, log: Callable = print
+) -> str:
+    """The weights the plan's run ``run.model_of`` trained (its run of the same ``seed``), exported into
+    ``folder`` (again each time: a few s)."""
     from workbench.reports.series import newest_run
     from workbench.rl.export import export_model
     from workbench.training import BackgroundRun
 
-    trained = newest_run(runs_dir / str(run.model_of))
+    source = seed_folder(str(run.model_of), seed)
+    trained = newest_run(runs_dir / source)
     if trained is None or BackgroundRun(trained).status != "finished":
         raise RuntimeError(
-            f"{run.name} rolls out the model {run.model_of} trained, and {run.model_of} has not finished in "
+            f"{folder.name} rolls out the model {source} trained, and {source} has not finished in "
             f"{runs_dir}; make it first (workbench reproduce {run.paper} --train makes both, in order)"
         )
+    log(f"{folder.name}: rolling out the model {source} trained ({trained})")
     return str(export_model(trained, folder / "trained-model"))
 
 
-def _rollout(run: PlannedRun, folder: Path, fields: dict, model: str, log: Callable) -> Path:
+def _rollout(
+    run: PlannedRun, folder: Path, fields: dict, model: str, log: Callable, seed: int | None = None
+) -> Path:
     import workbench as wb
 
-    log(f"{run.name}: rolling {run.topology} out over {fields['n_tasks']} tasks ({run.what})")
+    log(f"{folder.name}: rolling {run.topology} out over {fields['n_tasks']} tasks ({run.what})")
     tasks = wb.generate_tasks(
         fields["tasks"],
         n=fields["n_tasks"],
-        seed=fields.get("task_seed", 0),
+        seed=fields.get("task_seed", 0) + int(seed or 0),  # a seed's tasks, as a training run's held-out ones
         **fields.get("task_options", {}),
     )
     result = wb.rollout(
@@ -339,6 +360,7 @@ def _rollout(run: PlannedRun, folder: Path, fields: dict, model: str, log: Calla
         max_tokens=fields.get("max_tokens"),
         sampling=fields.get("sampling"),
         runs_dir=str(folder),
+        **({"seed": int(seed)} if seed is not None else {}),
     )
     return Path(result.run_dir)
 
@@ -349,28 +371,52 @@ def make_runs(
     scale: str = "full",
     model: str | None = None,
     log: Callable = print,
+    seeds: Sequence[int] | None = None,
 ) -> dict[str, Path]:
-    """Every planned run of ``papers`` in ``runs_dir`` (``make_run`` each, in order): their directories by name."""
+    """Every planned run of ``papers`` in ``runs_dir`` (``make_run`` each, in order): their directories by name.
+
+    ``seeds``: every run once per seed, seed after seed (all of seed 0's runs, then seed 1's ...), named by their
+    folders (``marsrl``, ``marsrl-seed1`` ...: ``seed_folder``); default: once, with the config's seed."""
     runs = planned(papers)
+    order = [(run, None) for run in runs] if seeds is None else [(run, int(s)) for s in seeds for run in runs]
     made = {}
-    for i, run in enumerate(runs, 1):
-        log(f"[{i}/{len(runs)}] {run.name} ({run.paper})")
-        made[run.name] = make_run(run, runs_dir, scale, model, log)
+    for i, (run, seed) in enumerate(order, 1):
+        shown = "" if seed is None else f", seed {seed}"
+        log(f"[{i}/{len(order)}] {seed_folder(run.name, seed)} ({run.paper}{shown})")
+        made[seed_folder(run.name, seed)] = make_run(run, runs_dir, scale, model, log, seed=seed)
     return made
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0,1,2"`` as [0, 1, 2]: seeds of the plan's runs, each a non-negative integer, none twice."""
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"seeds are integers separated by commas, like 0,1,2: not {text!r}") from None
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds are distinct non-negative integers, like 0,1,2: not {text!r}")
+    return seeds
+
+
+def seed_runs(made: Mapping[str, Path], seed: int = 0) -> dict[str, Path]:
+    """The runs of ``made`` (by folder name, as ``make_runs`` returns them) made with ``seed``, by the plan's
+    names: what the notebooks draw (they find a comparison's runs by those names)."""
+    return {split_seed(folder)[0]: path for folder, path in made.items() if split_seed(folder)[1] == seed}
 
 
 def export_summaries(
     made: Mapping[str, Path], out_dir: str | Path, command: str, scale: str = "full"
 ) -> dict[str, Path]:
     """Each run of ``made`` summarised in ``out_dir/<name>/`` (``workbench.store.summary``: what the reports read,
-    without the prompts and token ids), with the command, scale, seed and plan entry that made it."""
+    without the prompts and token ids), with the command, scale, seed and plan entry that made it; a run of
+    seed k > 0 (``marsrl-seed1``) in ``out_dir/<name>-seed<k>/``."""
     from workbench.store import RunReader
     from workbench.store.summary import export_summary
 
     by_name = {run.name: run for run in PLAN}
     written = {}
     for name, run_dir in made.items():
-        entry = by_name[name]
+        entry = by_name[name] if name in by_name else by_name[split_seed(name)[0]]
         with RunReader(run_dir) as reader:
             config = reader.config
         written[name] = export_summary(

@@ -5,11 +5,16 @@ once) with the parameters ``runs``, ``out_dir`` (``OUT/<paper>/<name>/``, where 
 figures and tables) and ``benchmark``; the executed notebook is written beside its outputs. An
 ``index.html`` at the top of ``OUT`` links every notebook, figure and table, failed ones first
 with the end of their error.
+
+Where the runs' folder holds several seeds' runs of the report plan (``reports/runs/marsrl/``,
+``reports/runs/marsrl-seed1/`` ...: ``workbench reproduce all --train --seeds 0,1,2``), the notebooks draw one
+seed's, by the plan's names (``drawn_runs``): seed 0's unless told another (``--seed``).
 """
 
 from __future__ import annotations
 
 import html
+import os
 import subprocess
 import sys
 import time
@@ -89,6 +94,45 @@ def absolute_runs(runs: str) -> str:
     return ",".join(parts)
 
 
+def drawn_runs(runs: str, seed: int = 0) -> str:
+    """The notebooks' ``runs`` for ``runs`` (as ``workbench reproduce --runs`` takes it; empty: the
+    ``WORKBENCH_REPORT_RUNS`` variable, else the committed summaries) and ``seed``.
+
+    A folder holding runs of several seeds (a ``<name>-seed<k>`` folder beside ``<name>``) is given as
+    ``name=path,...`` of ``seed``'s runs only, by the plan's names: seed 0's are the folders without the suffix.
+    Anything else is returned as it is (a seed other than 0 is then refused: no other seed's runs are there)."""
+    from workbench.reports.seed_folders import SEED_FOLDER, split_seed
+    from workbench.reports.series import COMMITTED_RUNS, RUNS_ENV, newest_run
+    from workbench.store.layout import DB_NAME
+    from workbench.store.summary import is_summary
+
+    given = runs.strip() or os.environ.get(RUNS_ENV, "").strip() or str(COMMITTED_RUNS)
+    folder = Path(given).expanduser()
+    several = (
+        "," not in given
+        and "=" not in given
+        and folder.is_dir()
+        and not (folder / DB_NAME).is_file()
+        and not is_summary(folder)
+        and any(SEED_FOLDER.match(p.name) for p in folder.iterdir() if p.is_dir())
+    )
+    if not several:
+        if seed:
+            raise ValueError(f"no runs of seed {seed} (folders named <run>-seed{seed}) in {given!r}")
+        return runs
+    pairs = []
+    for child in sorted(p for p in folder.iterdir() if p.is_dir()):
+        name, of_seed = split_seed(child.name)
+        if of_seed != seed:
+            continue
+        run = child if (child / DB_NAME).is_file() or is_summary(child) else newest_run(child)
+        if run is not None:
+            pairs.append(f"{name}={run}")
+    if not pairs:
+        raise ValueError(f"no runs of seed {seed} in {folder}")
+    return ",".join(pairs)
+
+
 def reproduce(
     papers: str | Sequence[str],
     runs: str,
@@ -97,14 +141,16 @@ def reproduce(
     workers: int = 2,
     timeout: float = 900.0,
     reports_dir: Path = REPORTS_DIR,
+    seed: int = 0,
 ) -> list[NotebookResult]:
-    """Execute the report notebooks of ``papers`` on ``runs``; writes ``OUT/index.html``."""
+    """Execute the report notebooks of ``papers`` on ``runs`` (of ``seed`` where they hold several seeds:
+    ``drawn_runs``); writes ``OUT/index.html``."""
     notebooks = report_notebooks(papers, reports_dir)
     if not notebooks:
         raise ValueError(f"no report notebooks for {papers!r} under {reports_dir}")
     # The notebooks run in their own folder: paths the user gave relative to here are made absolute.
     out = Path(out).resolve()
-    runs = absolute_runs(runs)
+    runs = absolute_runs(drawn_runs(runs, seed))
     out.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         results = list(pool.map(lambda nb: _run_one(nb, runs, out, benchmark, timeout), notebooks))

@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from workbench.reports.seed_folders import SEED_FOLDER
 from workbench.store import RunReader
 from workbench.store.layout import DB_NAME
 from workbench.store.summary import is_summary, open_summary
@@ -84,9 +85,12 @@ def newest_run(folder: Path) -> Path | None:
 def _runs_in(folder: Path) -> list[tuple[str, Path]]:
     """The runs in ``folder``, by id, and those one level down, by their folder's name (the newest run of each:
     ``workbench reproduce --train`` keeps each planned run in a folder named after it; a summary is named
-    after its folder)."""
+    after its folder). Runs of other seeds than the first (``<name>-seed<k>``, ``workbench reproduce --seeds``)
+    are left out: a report draws one seed's runs by their plan names."""
     found = []
     for child in sorted(p for p in folder.iterdir() if p.is_dir()):
+        if SEED_FOLDER.match(child.name):
+            continue
         if _is_run(child):
             found.append((child.name, child))
         elif (inner := newest_run(child)) is not None:
