@@ -2,6 +2,7 @@
 
     python -m tests.perf.bench_launches              # the Qwen2.5-0.5B shape, into tests/perf/results/launches.json
     python -m tests.perf.bench_launches --quick      # the qwen2-mini shape, before/after only (CI size)
+    python -m tests.perf.bench_launches --compiled-only   # the compiled layers' rows into the results file
 
 On a GPU every op the dispatcher runs is a kernel launch from Python (views aside), so at 0.5B the CPU's
 dispatch time can equal the GPU's compute. :class:`OpCounter` is a ``TorchDispatchMode`` that counts what reaches
@@ -24,7 +25,21 @@ their prompts, at the same token count (the LM head's ops grow with completion t
 
 Variants: ``fp32``; ``bf16`` (autocast over fp32 master weights: the training case, a cast before every
 linear); ``bf16+compute_weights`` (``workbench.rl.compute_weights``: bf16 copies of the linear weights made once
-per optimizer step, one fused copy counted apart, gradients accumulated into the fp32 masters).
+per optimizer step, one fused copy counted apart, gradients accumulated into the fp32 masters);
+``bf16+compute_weights+compiled`` (``workbench.rl.compiled_layers``: each decoder layer compiled by inductor,
+packed attention eager between its two graphs).
+
+**Compiled layers.** A dispatch mode cannot see into an inductor graph (under a plain one dynamo runs the
+region eagerly). :class:`CompiledOpCounter` lets the compiled code run and counts what it launches: the ops the
+generated wrapper dispatches (``aten.mm.out`` and the other library calls, ops inductor falls back to) as
+above, and each call of a kernel inductor generated (:data:`GENERATED`). That needs real tensors and the CPU's
+inductor (C++ kernels; a GPU's are Triton's, and no CUDA codegen runs without a GPU here), so the layers are
+counted on real CPU tensors at the real widths, cut to 1, 2 and 3 layers, at a small micro-batch
+(``--compiled-tokens``, default 256, 8 and 64 samples): one graph serves every token count, so a layer's
+kernels do not depend on it (checked: the same at 8 and 64 samples). Outside the layers the code is the eager
+one, counted at the benchmark's tokens in the ``bf16+compute_weights`` rows (``tests/perf/test_launches.py``
+checks it is the same count with compiled layers); the micro-batch's count is that plus layers x the compiled count a layer. On the ``varlen``
+path the stand-in runs as one op forward and one backward (:func:`counted_varlen`), as the kernel dispatches.
 
 **Decode step** (``workbench.backends.hf_static_decode``, ``capture=False``): the ops of one token step
 (``StaticDecoder._forward_step``: the forward over one token a row, sampling, the drawn token's log-prob),
@@ -37,9 +52,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import concurrent.futures
 import contextlib
 import functools
 import json
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,6 +71,7 @@ from workbench.rl.samples import Sample
 
 DEFAULT_OUT = Path(__file__).parent / "results" / "launches.json"
 VARIANTS = ("fp32", "bf16", "bf16+compute_weights")
+EAGER, COMPILED = "bf16+compute_weights", "bf16+compute_weights+compiled"
 PATHS = ("varlen", "padded", "loop")
 # ops that only make a view or alias but are not flagged as views in their schema
 _ALIASES = {"aten._unsafe_view.default", "aten.alias.default", "aten.lift_fresh.default"}
@@ -88,6 +106,131 @@ class OpCounter(TorchDispatchMode):
 
     def summary(self) -> dict[str, int]:
         return {"total": self.total, "kernels": self.kernels, "views": self.views}
+
+
+GENERATED = "inductor.generated_kernel"  # by_op's name for a kernel inductor generated (CompiledOpCounter)
+
+
+class CompiledOpCounter(OpCounter):
+    """:class:`OpCounter` that lets compiled code run (``ignore_compile_internals``: a plain dispatch mode makes
+    dynamo run a compiled region eagerly) and counts what it launches: the ops its wrapper dispatches (library
+    calls as ``aten.mm.out``, ops inductor falls back to) like any other, and each call of a kernel inductor
+    generated (C++ on the CPU, Triton on a GPU) as :data:`GENERATED`, caught by ``sys.setprofile`` as a call of
+    a ``kernel`` function from inductor's generated modules. On the thread it is entered on (the CPU's autograd
+    runs the backward there)."""
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+    def __enter__(self) -> CompiledOpCounter:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        root = cache_dir()
+
+        def profile(frame: Any, event: str, arg: Any) -> None:
+            if (
+                event == "c_call"
+                and self.active
+                and getattr(arg, "__name__", "") == "kernel"
+                and frame.f_code.co_filename.startswith(root)
+            ):
+                self.by_op[GENERATED] += 1
+
+        self._profile = sys.getprofile()
+        sys.setprofile(profile)
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        sys.setprofile(self._profile)
+
+
+@torch.library.custom_op("bench_launches::varlen", mutates_args=())
+def _varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    scale: float | None,
+    left: int,
+    right: int,
+) -> torch.Tensor:
+    from workbench.rl.packed_attention import varlen_attn_standin
+
+    out = varlen_attn_standin(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale, window_size=(left, right))
+    return out.clone() if out.data_ptr() in (q.data_ptr(), k.data_ptr(), v.data_ptr()) else out
+
+
+@_varlen.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any) -> torch.Tensor:
+    return torch.empty_like(q)
+
+
+@torch.library.custom_op("bench_launches::varlen_backward", mutates_args=())
+def _varlen_backward(
+    grad: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    scale: float | None,
+    left: int,
+    right: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from workbench.rl.packed_attention import varlen_attn_standin
+
+    def gradients() -> tuple[torch.Tensor, ...]:
+        inputs = [x.detach().requires_grad_() for x in (q, k, v)]
+        window = (left, right)
+        out = varlen_attn_standin(*inputs, cu_q, cu_k, max_q, max_k, scale=scale, window_size=window)
+        return torch.autograd.grad(out, inputs, grad)
+
+    # an op's kernel runs below autograd; a fresh thread has autograd (and no dispatch mode counting)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(gradients).result()
+
+
+@_varlen_backward.register_fake
+def _(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any) -> tuple:
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _varlen_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    ctx.save_for_backward(*inputs[:5])
+    ctx.rest = inputs[5:]
+
+
+def _varlen_grad(ctx: Any, grad: torch.Tensor) -> tuple:
+    return (*_varlen_backward(grad, *ctx.saved_tensors, *ctx.rest), *([None] * 7))
+
+
+_varlen.register_autograd(_varlen_grad, setup_context=_varlen_setup)
+
+
+def counted_varlen(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seq_q: torch.Tensor,
+    cu_seq_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    *,
+    return_aux: Any = None,
+    scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+) -> torch.Tensor:
+    """The varlen stand-in (``varlen_attn``'s signature, for ``varlen_on_cpu``) as one op forward and one
+    backward, as torch's ``varlen_attn`` dispatches (``torch_attn._varlen_attn`` and its backward): counting
+    the varlen path on real CPU tensors as fake tensors count the real kernel."""
+    return _varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale, *window_size)
 
 
 def _config(shape: str, layers: int) -> Any:
@@ -156,14 +299,19 @@ def micro_batch_ops(
 
     from workbench.rl.compute_weights import forward_scope
     from workbench.rl.loss import LossConfig
+    from workbench.rl.packed_attention import varlen_on_cpu
     from workbench.rl.packing import collate, token_logprobs
     from workbench.rl.trainer import OptimConfig, PolicyTrainer
 
+    compiled = variant.endswith("+compiled")
+    if compiled and fake:
+        raise ValueError("compiled layers are counted on real tensors (inductor runs what it generates)")
     fake = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
     config = OptimConfig(
         token_budget=token_budget,
-        compute_dtype="float32" if variant == "fp32" else "bfloat16",
-        compute_weights=variant.endswith("compute_weights"),
+        compute_dtype="float32" if variant.startswith("fp32") else "bfloat16",
+        compute_weights="compute_weights" in variant,
+        compile_layers=compiled,
         loss=LossConfig(aggregation="seq_mean_token_mean"),
     )
     with fake:
@@ -173,9 +321,13 @@ def micro_batch_ops(
     batch = collate(samples, micro, share_prefixes=trainer._sharing)
     batch.layout.padded()  # the padded path's indices, built on the host as the GPU builds them on the device
     model.train()
-    counter = OpCounter()
+    counter = CompiledOpCounter() if compiled else OpCounter()
     refresh = OpCounter()
-    with fake, gpu_choices(path):
+    # real CPU tensors on the varlen path: the stand-in as one op each way, as the kernel dispatches
+    kernel = (
+        varlen_on_cpu(counted_varlen) if path == "varlen" and not isinstance(fake, FakeTensorMode) else None
+    )
+    with fake, gpu_choices(path), kernel or contextlib.nullcontext():
         if trainer.compute_weights is not None:
             with refresh:
                 trainer.compute_weights.refresh()
@@ -210,6 +362,66 @@ def _layered(counts: dict[int, dict[str, Any]], layers: int) -> dict[str, Any]:
     a, b = counts[1]["by_op"], counts[2]["by_op"]
     out["per_layer_by_op"] = {k: b.get(k, 0) - a.get(k, 0) for k in b if b.get(k, 0) != a.get(k, 0)}
     return out
+
+
+def _ratios(rows: dict[str, Any], path: str, n: int) -> dict[str, Any]:
+    """How many times fewer ops and kernels a micro-batch the compiled layers dispatch than autocast (``bf16``)
+    and the compute weights alone, on ``path`` at ``n`` samples."""
+    compiled = rows[COMPILED][path]["by_samples"][str(n)]
+    eager = {v: rows[v][path]["by_samples"][str(n)] for v in ("bf16", EAGER)}
+    return {
+        "path": path,
+        **{
+            f"{key}_vs_{v}": round(eager[v][key]["model"] / compiled[key]["model"], 3)
+            for key in ("total", "kernels")
+            for v in eager
+        },
+    }
+
+
+def compiled_counts(
+    shape: str,
+    layers: int,
+    tokens: int,
+    sample_counts: list[int],
+    paths: list[str],
+    eager: dict[str, Any],
+) -> dict[str, Any]:
+    """The compiled layers' rows (module docstring): per layer from real CPU tensors at ``tokens`` (inductor's
+    kernels do not depend on the token count: one graph for all), outside the layers the eager count of the
+    same variant at the benchmark's tokens (``eager[EAGER]``, the same code; ``outside_layers_counted``: the
+    compiled run's at ``tokens``)."""
+    config = _config(shape, layers)
+    rows: dict[str, Any] = {}
+    for path in paths:
+        by_samples = {}
+        for n in sample_counts:
+            samples = grouped_samples(config.vocab_size, n, tokens)
+            counts = {k: micro_batch_ops(shape, k, COMPILED, path, samples, fake=False) for k in (1, 2, 3)}
+            entry = _layered(counts, layers)
+            full = eager[EAGER][path]["by_samples"][str(n)]
+            for key in ("total", "kernels", "views"):
+                e = entry[key]
+                e["outside_layers_counted"] = e["outside_layers"]  # at ``tokens``
+                e["outside_layers"] = full[key]["outside_layers"]
+                e["model"] = e["outside_layers"] + layers * e["per_layer"]
+            entry["micro_batch"] = full["micro_batch"]
+            entry["counted_at"] = {k: counts[1][k] for k in ("tokens", "completion_tokens", "samples")}
+            entry["generated_kernels_per_layer"] = entry["per_layer_by_op"].get(GENERATED, 0)
+            by_samples[str(n)] = entry
+            print(
+                f"{COMPILED:>22} {path:>7} {n:>3} samples: {entry['total']['per_layer']} ops a layer "
+                f"({entry['kernels']['per_layer']} kernels, {entry['generated_kernels_per_layer']} generated), "
+                f"{entry['kernels']['model']} kernels a micro-batch",
+                flush=True,
+            )
+        first, last = (by_samples[str(n)] for n in (sample_counts[0], sample_counts[-1]))
+        rows[path] = {
+            "by_samples": by_samples,
+            "grows_with_samples": first["per_layer_by_op"] != last["per_layer_by_op"]
+            or first["total"]["model"] != last["total"]["model"],
+        }
+    return rows
 
 
 def decode_step_ops(shape: str, layers: int, rows: int, weights: str, steps: int = 3) -> dict[str, Any]:
@@ -250,8 +462,11 @@ def run(
     variants: tuple[str, ...] = VARIANTS,
     paths: tuple[str, ...] = PATHS,
     fake: bool = True,
+    compiled_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """Every count of the module docstring; ``fake=False`` counts on real CPU tensors (not ``varlen``)."""
+    """Every count of the module docstring; ``fake=False`` counts on real CPU tensors. ``compiled_tokens``:
+    also the compiled layers' variant, its layers counted on real tensors at that many tokens (module
+    docstring)."""
     config = _config(shape, layers)
     from workbench.rl.logprob_head import chunk_rows
 
@@ -292,6 +507,15 @@ def run(
                 "grows_with_samples": first["total"]["model"] != last["total"]["model"],
             }
     n = sample_counts[-1]
+    if compiled_tokens:
+        out["micro_batch"][COMPILED] = compiled_counts(
+            shape,
+            layers,
+            compiled_tokens,
+            sample_counts,
+            [p for p in paths if p != "loop"],
+            out["micro_batch"],
+        )
     if fake:  # one more LM head chunk: the same samples with completions one chunk longer in all
         more = grouped_samples(
             config.vocab_size, n, tokens + chunk_rows(config.vocab_size) * 16 // 15 + 8 * n
@@ -308,6 +532,8 @@ def run(
         "path": paths[0],
         **{key: round(before[key]["model"] / after[key]["model"], 3) for key in ("total", "kernels")},
     }
+    if compiled_tokens:
+        out["compiled_vs_before"] = _ratios(out["micro_batch"], paths[0], n)
     out["micro_batch_seconds"] = round(time.perf_counter() - started, 1)
     if decode:
         out["decode_step"] = {}
@@ -329,6 +555,23 @@ def run(
     return out
 
 
+def add_compiled(path: Path, tokens: int) -> dict[str, Any]:
+    """The compiled layers' rows and ratios counted into the results in ``path`` (its eager counts kept)."""
+    result = json.loads(path.read_text())
+    started = time.perf_counter()
+    samples = result["workload"]["samples"]
+    paths = [p for p in result["micro_batch"][EAGER] if p != "loop"]
+    result["micro_batch"][COMPILED] = compiled_counts(
+        result["shape"], result["layers"], tokens, samples, paths, result["micro_batch"]
+    )
+    result["compiled_vs_before"] = _ratios(result["micro_batch"], paths[0], samples[-1])
+    result["compiled_when"] = now()
+    result["compiled_seconds"] = round(time.perf_counter() - started, 1)
+    write_json(path, result)
+    print(f"wrote {path}")
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -348,8 +591,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--samples", type=int, nargs="+", help="sample counts, groups of 8 (default 8 64; quick 8 16)"
     )
     parser.add_argument("--no-decode", action="store_true", help="leave out the decode step")
+    parser.add_argument(
+        "--compiled-tokens",
+        type=int,
+        help="tokens of the micro-batch the compiled layers are counted on, real tensors (default 256; 0: none; "
+        "quick: none, tests/perf/test_launches.py counts them at its shape)",
+    )
+    parser.add_argument(
+        "--compiled-only",
+        action="store_true",
+        help="count the compiled layers only, into the eager counts already in --out (default: the results file)",
+    )
     parser.add_argument("--out", type=Path, help=f"JSON file (default {DEFAULT_OUT}; quick: not written)")
     args = parser.parse_args(argv)
+    if args.compiled_tokens is None:
+        args.compiled_tokens = 0 if args.quick else 256
+    if args.compiled_only:
+        return add_compiled(args.out or DEFAULT_OUT, args.compiled_tokens or 256)
     args.samples = args.samples or ([8, 16] if args.quick else [8, 64])
     shape = args.shape or ("qwen2-mini" if args.quick else "qwen2.5-0.5b")
     tokens = args.tokens or (128 if args.quick else 7680)
@@ -370,6 +628,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             variants=("bf16", "bf16+compute_weights") if args.quick else VARIANTS,
             paths=("padded",) if args.quick else PATHS,
             fake=not args.quick,
+            compiled_tokens=args.compiled_tokens,
         ),
     }
     out = args.out or (None if args.quick else DEFAULT_OUT)

@@ -10,7 +10,9 @@ Trainer ranks on GPUs are FSDP ranks: ``run_needs`` also takes the trainer's mem
 token budget, checkpointing, the KL reference) and ``problems`` checks the memory plan
 (``workbench.rl.memory_plan``) of the model on that many ranks against each GPU's memory: the config's
 ``cluster_gpu_memory_gib``, else the cluster's GPU type (Ray's ``accelerator_type`` resource), else this
-machine's GPU for a local cluster; a model whose config cannot be read is not checked.
+machine's GPU for a local cluster; a model whose config cannot be read is not checked. When it does not fit,
+the message names only the changes the plan says would make it fit (``memory_fixes``: more ranks, gradient
+checkpointing, a lower token budget, LoRA, bf16 compute; each alone, or failing that together).
 
 Actors that still do not answer after a few seconds (Ray holds an actor ``PENDING_CREATION`` until a node has
 its resources free, e.g. while another job holds them) are reported every ``WAIT_LOG_EVERY_S`` seconds by
@@ -19,6 +21,7 @@ its resources free, e.g. while another job holds them) are reported every ``WAIT
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +42,10 @@ GPU_MEMORY_GIB = {
     "L4": 24.0,
 }
 _EPS = 1e-6  # Ray counts resources in fixed point (1e-4); a sum of floats may miss by a hair
+#: The most trainer ranks the memory advice tries (the shards stop shrinking what does not divide long before).
+MAX_ADVISED_RANKS = 64
+#: How many times the advice halves the token budget looking for one that fits (each a forward on fake tensors).
+TOKEN_BUDGET_HALVINGS = 3
 
 
 class PlacementError(RuntimeError):
@@ -178,11 +185,83 @@ def memory_problem(needs: Needs, nodes: Sequence[Mapping[str, float]] | None = N
         return None
     if planned.fits:
         return None
-    return (
-        f"needs more GPU memory than each trainer rank has: {planned.summary()} — raise cluster_trainers "
-        "(FSDP ranks share the model's shards), or use policies: lora, gradient_checkpointing: true or a lower "
-        "token_budget"
-    )
+    found = memory_fixes(needs.model, planned.settings)
+    if not found:
+        advice = (
+            "nothing the plan can change fits it (more ranks, gradient checkpointing, a lower token_budget, "
+            f"LoRA, bf16): it needs GPUs with more memory than {gib:g} GiB"
+        )
+    elif found[0].startswith("together"):
+        advice = f"no single change fits it; {found[0]}"
+    else:
+        advice = "it fits with any of: " + "; ".join(found)
+    gpus_each = next((g.gpus for g in needs.groups if g.name == "trainer rank"), 1.0)
+    have = sum(float(node.get("GPU", 0.0)) for node in nodes or ())
+    for fix in found:
+        if fix.startswith("cluster_trainers: ") and nodes is not None:
+            ranks = int(fix.split(" ")[1])
+            if ranks * gpus_each > have + _EPS:
+                needed = _count(ranks * gpus_each, "GPU")
+                advice += f" (cluster_trainers: {ranks} needs {needed}; the cluster has {_n(have)})"
+    return f"needs more GPU memory than each trainer rank has: {planned.summary()} — {advice}"
+
+
+def memory_fixes(model: str, settings: Any) -> list[str]:
+    """The changes to a run's config, each alone, that make the memory plan of ``model`` under ``settings``
+    (``PlanSettings``) fit, as config settings with why: the fewest ranks (up to ``MAX_ADVISED_RANKS``) that
+    fit, gradient checkpointing, the largest token budget of a few halvings, LoRA (its rank and targets as
+    set), bf16 compute; only those the plan says fit. When none does alone, one line starting ``together``:
+    the fewest of checkpointing, LoRA and bf16 that fit together, else all three with the fewest ranks that
+    fit; empty when even that does not fit."""
+    from dataclasses import replace
+
+    from workbench.rl.memory_plan import plan
+
+    def fits(**changes: Any) -> bool:
+        return plan(model, replace(settings, **changes)).fits
+
+    def fewest_ranks(**changes: Any) -> int | None:
+        return next(
+            (n for n in range(settings.gpus + 1, MAX_ADVISED_RANKS + 1) if fits(gpus=n, **changes)), None
+        )
+
+    out = []
+    if (ranks := fewest_ranks()) is not None:
+        out.append(f"cluster_trainers: {ranks} (FSDP ranks share the model's shards)")
+    if not settings.gradient_checkpointing and fits(gradient_checkpointing=True):
+        out.append("gradient_checkpointing: true (a layer's activations recomputed in the backward)")
+    budget = settings.token_budget
+    current = plan(model, settings)
+    per_token = ("activations", "recomputed_layer", "logits")  # what a smaller micro-batch can shrink
+    if current.total - sum(current.terms[t] for t in per_token) > current.budget:
+        budget = 0  # the rest does not fit alone: no micro-batch is small enough (nothing measured)
+    for _ in range(TOKEN_BUDGET_HALVINGS if budget else 0):
+        budget //= 2
+        if budget < 1:
+            break
+        if fits(token_budget=budget):
+            out.append(f"token_budget: {budget} (a smaller micro-batch; the run takes more of them)")
+            break
+    if settings.policies != "lora" and fits(policies="lora"):
+        out.append(f"policies: lora (rank {settings.lora_rank} adapters on a frozen base)")
+    if not settings.mixed_precision and fits(mixed_precision=True):
+        out.append("dtype: bfloat16 (bf16 compute over fp32 master weights)")
+    if out:
+        return out
+    names = {
+        "gradient_checkpointing": ("gradient_checkpointing: true", True),
+        "mixed_precision": ("dtype: bfloat16", True),
+        "policies": ("policies: lora", "lora"),
+    }
+    open_ = [k for k, (_, value) in names.items() if getattr(settings, k) != value]
+    for size in range(2, len(open_) + 1):  # the fewest changes that fit together
+        for chosen in itertools.combinations(open_, size):
+            if fits(**{k: names[k][1] for k in chosen}):
+                return ["together, " + " and ".join(names[k][0] for k in chosen)]
+    every = {k: names[k][1] for k in open_}
+    if (ranks := fewest_ranks(**every)) is not None:
+        return ["together, " + " and ".join([*(names[k][0] for k in open_), f"cluster_trainers: {ranks}"])]
+    return []
 
 
 def _n(value: float) -> str:

@@ -192,5 +192,12 @@ class OptimConfig(OptimSection):
         "step, instead of autocast casting every weight in every micro-batch (gradients still accumulate into "
         "the fp32 master weights; workbench.rl.compute_weights). None: on CUDA only.",
     )
+    compile_layers: bool = _f(
+        False,
+        "Compile each decoder layer with torch.compile (regional, dynamic shapes: one graph for every layer and "
+        "token count), fusing the norms, rotary embedding, SwiGLU and casts between the matmuls; packed "
+        "attention runs eagerly between the compiled parts (workbench.rl.compiled_layers). Off by default: "
+        "counted (tests/perf/bench_launches.py), not yet timed on a GPU.",
+    )
     seed: int = 0
     loss: LossConfig = field(default_factory=LossConfig)

@@ -11,6 +11,14 @@ The trainer's forward (``workbench.rl.packing.token_logprobs``: the decoder, the
 rows at a time) does not go through the model's ``forward``: it is registered as a forward method of the
 root unit, so the root's weights (embeddings, tied head) are gathered for it and its gradients reduced.
 
+Gradient accumulation without communication: when ``defers_gradient_sync`` says so (the memory plan's rule:
+the trained parameters' full fp32 gradient small beside the GPU, or no GPU), the trainer turns each model's
+gradient sync off (``set_gradient_sync``, FSDP2's ``set_requires_gradient_sync``) for its micro-batches but
+the last of an optimizer step (of a role, when each role's gradient is measured): the backward passes before
+it leave their gradients unsharded on the rank, summed, and the last one reduce-scatters the sum, one
+collective per unit instead of one per unit and micro-batch. Every rank runs the same passes on the same
+models in the same order, so every rank turns the same sync on and off and the collectives match.
+
 Gathering is a collective: every rank calls ``full_state`` / ``full_optimizer_state`` in the same order,
 and only rank 0 keeps what it gathers, one tensor at a time on the CPU.
 """
@@ -81,6 +89,24 @@ def token_logprobs(
     """``workbench.rl.packing.token_logprobs``, through the root unit's hooks when ``model`` is sharded."""
     forward = model.token_logprobs if is_sharded(model) else partial(packing.token_logprobs, model)
     return forward(batch, temperature, with_entropy=with_entropy)
+
+
+def set_gradient_sync(model: Any, on: bool) -> None:
+    """Whether ``model``'s next backward reduce-scatters its gradients (FSDP2's ``set_requires_gradient_sync``
+    on every unit); off, they stay unsharded on this rank and accumulate until a backward with it on. Nothing
+    for a model that is not sharded."""
+    if is_sharded(model):
+        model.set_requires_gradient_sync(on)
+
+
+def defers_gradient_sync(parameters: Iterable[torch.Tensor], device: torch.device) -> bool:
+    """Whether trainer ranks training ``parameters`` (sharded or not: their full sizes count) on ``device``
+    reduce-scatter an optimizer step's gradients once, on its last micro-batch
+    (``workbench.rl.memory_plan.defers_gradient_sync``: the rule the memory plan counts with)."""
+    from workbench.rl.memory_plan import defers_gradient_sync as rule
+
+    memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    return rule(sum(p.numel() for p in parameters), memory)
 
 
 def _layer_classes(model: torch.nn.Module) -> set[str]:

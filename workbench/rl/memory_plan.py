@@ -12,6 +12,11 @@ takes the room, per rank:
   between forward and backward), ``unsharded_layers`` decoder layers at a time (the one computing and the one
   prefetched), and one unit's unsharded fp32 gradients on their way to the reduce-scatter. None on one
   rank in fp32, where the weights are used as they are;
+- **unsharded gradients**: on several ranks, when the trainer defers the gradients' reduce-scatter to the
+  last micro-batch of an optimizer step (``defers_gradient_sync``: while the trained parameters' full fp32
+  gradient takes at most ``DEFER_SYNC_SHARE`` of the GPU), each rank accumulates the whole gradient
+  unsharded in fp32 between micro-batches (FSDP2's ``set_requires_gradient_sync(False)``); the one unit's
+  gradients above are then part of it;
 - **activations** of one micro-batch of ``token_budget`` tokens, measured, not modelled: the model is built
   on fake tensors (``FakeTensorMode``: meta storage presented as CPU tensors, so attention takes the fused
   kernel that saves O(tokens), as FlashAttention on a GPU) and one forward, through the workbench's chunked
@@ -54,10 +59,28 @@ TERMS = (
     "adamw_state",
     "reference",
     "unsharded_layers",
+    "unsharded_gradients",
     "activations",
     "recomputed_layer",
     "logits",
 )
+
+
+#: The share of a GPU's memory the trained parameters' full fp32 gradient may take for the trainer to defer the
+#: gradients' reduce-scatter to an optimizer step's last micro-batch (``defers_gradient_sync``).
+DEFER_SYNC_SHARE = 0.1
+
+
+def defers_gradient_sync(trained_parameters: int, gpu_memory_bytes: float | None) -> bool:
+    """Whether FSDP trainer ranks accumulate an optimizer step's gradients unsharded and reduce-scatter them
+    once, on its last micro-batch (per role when each role's gradient is measured), rather than after every
+    micro-batch: one collective of the gradient's size a step instead of one a micro-batch, for 4 bytes a
+    trained parameter held unsharded on every rank between micro-batches (FSDP2's two flavours of gradient
+    accumulation; torchtitan keeps the default, a reduce-scatter every micro-batch, hidden behind the
+    backward on GPUs, and PyTorch advises it where memory is tight). Yes while that full fp32 gradient takes at
+    most ``DEFER_SYNC_SHARE`` of the GPU (on an 80 GB GPU: full fine-tunes up to ~2B parameters, every LoRA);
+    always off a GPU (``gpu_memory_bytes`` None), where memory is the host's."""
+    return gpu_memory_bytes is None or 4 * trained_parameters <= DEFER_SYNC_SHARE * gpu_memory_bytes
 
 
 @dataclass(frozen=True)
@@ -303,11 +326,13 @@ def terms(m: Measured, s: PlanSettings) -> dict[str, int]:
     trained = m.adapter_parameters * s.roles if lora else m.parameters * models
     stored = m.parameters * compute if lora else m.parameters * 4 * models
     unsharded = 0
+    deferred = n > 1 and defers_gradient_sync(trained, s.gpu_memory_gib * GIB)
     if n > 1 or (s.mixed_precision and not lora):  # one model computes at a time
         unit_grads = (
             max(m.layer_adapter_parameters, 0) if lora else max(m.layer_parameters, m.root_parameters)
         )
-        unsharded = compute * (m.root_parameters + s.unsharded_layers * m.layer_parameters) + 4 * unit_grads
+        unsharded = compute * (m.root_parameters + s.unsharded_layers * m.layer_parameters)
+        unsharded += 0 if deferred else 4 * unit_grads  # deferred: part of the unsharded gradients
     checkpointing = s.gradient_checkpointing
     activations = m.saved_outside + m.layer_inputs if checkpointing else m.saved_all
     return {
@@ -316,6 +341,7 @@ def terms(m: Measured, s: PlanSettings) -> dict[str, int]:
         "adamw_state": 8 * trained // n,
         "reference": m.parameters * compute // n if s.reference else 0,
         "unsharded_layers": unsharded,
+        "unsharded_gradients": 4 * trained if deferred else 0,
         "activations": activations,
         "recomputed_layer": m.saved_layer_max if checkpointing else 0,
         "logits": logits_bytes(m.vocab, s.token_budget, s.mixed_precision),

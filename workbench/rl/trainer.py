@@ -8,6 +8,9 @@ rank of a group whose models are sharded with FSDP2 (``workbench.rl.fsdp``): it 
 mini-batch (``workbench.rl.data_parallel``) and FSDP sums the gradients over the ranks. FSDP gathers weights
 and reduces gradients in every forward and backward, so every rank runs as many passes per (role, policy)
 as the rank with the most, in the same order, a short rank repeating a real micro-batch with its loss times 0.
+Unless the gradient is large beside the GPU (``workbench.rl.fsdp.defers_gradient_sync``), each model's gradients
+are reduce-scattered once per optimizer step (per role when each role's gradient is measured), on its last pass:
+the passes before it accumulate them unsharded (``set_gradient_sync``), alike on every rank.
 
 On a GPU the host never waits for the device inside a step: losses, statistics and gradient norms are summed
 on the device and read once at its end, AdamW's step counts (the warm-up's) are kept on the host, and
@@ -26,10 +29,11 @@ from typing import Any
 import torch
 
 from workbench.models.placement import DTYPES, Placement
+from workbench.rl.compiled_layers import compile_layers
 from workbench.rl.compute_weights import forward_scope, make_compute_weights
 from workbench.rl.config_sections import OptimConfig
 from workbench.rl.data_parallel import Shard
-from workbench.rl.fsdp import is_sharded, local, token_logprobs
+from workbench.rl.fsdp import defers_gradient_sync, is_sharded, local, set_gradient_sync, token_logprobs
 from workbench.rl.loss import LossTerms, policy_loss
 from workbench.rl.packing import (
     collate,
@@ -55,9 +59,12 @@ class PolicyTrainer:
         activate: Any = None,
         shard: Shard | None = None,
         fused: bool | None = None,
+        defer_gradient_sync: bool | None = None,
     ):
         """``fused``: AdamW's single-kernel implementation (``torch.optim.AdamW(fused=True)``, which CPUs have
-        too); None: on CUDA only, torch's default elsewhere."""
+        too); None: on CUDA only, torch's default elsewhere. ``defer_gradient_sync`` (sharded models): reduce-
+        scatter a model's gradients on its last micro-batch of an optimizer step only, accumulating them
+        unsharded before (True), or after every micro-batch (False); None: ``fsdp.defers_gradient_sync``."""
         self.models = models
         self.shard = shard or Shard()  # this trainer's rank in a data-parallel group
         # switches a policy's adapter on before its forward pass (LoRA policies); default: look it up
@@ -86,6 +93,9 @@ class PolicyTrainer:
                 if p.requires_grad:
                     unique.setdefault(id(p), p)
         self.parameters = list(unique.values())
+        if defer_gradient_sync is None:
+            defer_gradient_sync = defers_gradient_sync(self.parameters, self.placement.device)
+        self.defer_sync = self.sharded and defer_gradient_sync
         self.optimizer = torch.optim.AdamW(
             self.parameters,
             lr=config.learning_rate,
@@ -100,6 +110,8 @@ class PolicyTrainer:
         self.compute_weights = make_compute_weights(
             config.compute_weights, trained_models, self.placement.device, self.placement.dtype
         )
+        if config.compile_layers:  # issue 47: each decoder layer fused by torch.compile (not with FSDP)
+            compile_layers(trained_models, sharded=self.sharded)
         # AdamW's step counter of each parameter, kept on the host (AdamW's own live on the device when fused):
         # read from the optimizer's state once, on first use and after every ``load_state_dict``
         self._steps: list[int] | None = None
@@ -278,6 +290,12 @@ class PolicyTrainer:
             out += [(micro, True) for micro in own] + [(filler, False)] * (most - len(own))
         return out
 
+    def _sync_points(self, samples: Sequence[Sample], passes: list[tuple[list[int], bool]]) -> set[int]:
+        """The indices of ``passes`` after which a model's gradients are reduce-scattered when syncs are
+        deferred: each model's last pass (the same on every rank, whose passes use the same models in turn)."""
+        last = {id(self.models[samples[micro[0]].policy]): i for i, (micro, _) in enumerate(passes)}
+        return set(last.values())
+
     def _update(
         self,
         trained: list[Sample],
@@ -314,10 +332,14 @@ class PolicyTrainer:
             def share(shard: Shard, role: str | None = role) -> list[int]:
                 return [i for i in shard.mine(chosen) if role is None or trained[i].role == role]
 
-            for micro, counted in self._passes(trained, share):
+            passes = self._passes(trained, share)
+            syncs = self._sync_points(trained, passes)
+            for index, (micro, counted) in enumerate(passes):
                 batch = collate(trained, micro, share_prefixes=self._sharing).to(self.placement.device)
                 model = self.activate(trained[micro[0]].policy)
                 model.train()
+                if self.defer_sync:  # reduce-scatter on the model's last pass of this gradient only
+                    set_gradient_sync(model, index in syncs)
                 # backward runs outside, in the dtypes autocast chose (and into the compute weights' masters)
                 with self.placement.autocast(), forward_scope(self.compute_weights):
                     logps, entropy = token_logprobs(model, batch, cfg.temperature, with_entropy=True)
