@@ -10,11 +10,13 @@ axis by step, wall time or samples seen; then the outcomes table (held-out score
 paired SEs, each run or group against the first) with a CSV download.
 
 Many views cost about one (``widgets.compare_plots``): the views of the same runs in a process share one
-``Comparison`` and, per state of the runs, one computation of their curves and lines; the plots are drawn once
-(again only for another x axis, "show seeds", or a line that appears) and sent to each view as their
-``json_item``, then as the data of the lines that changed. While a compared run is active, its rows come from
-the run's process-wide ``SharedRun`` (``widgets.shared_poll``: one read per change for every view of it, the
-dashboard's monitors included), at most every ``interval_ms``. A finished comparison polls nothing. Summaries are
+``Comparison``, one reading of the runs per half interval (views opened together share the state they show),
+and per state one computation of the new points, lines and page updates, and of the groups' and outcomes'
+HTML; the plots are drawn once (again only for another x axis, "show seeds", or a line that appears; served, off
+the event loop, the page getting them on its next tick) and sent to each view as their ``json_item``, then as
+the data of the lines that changed. While a compared run is active, its rows come from the run's process-wide
+``SharedRun`` (``widgets.shared_poll``: one read per change for every view of it, the dashboard's monitors
+included), at most every ``interval_ms``. A finished comparison polls nothing once drawn. Summaries are
 read-only copies built in the workbench cache.
 
 CSS classes a browser test can find: ``wb-compare`` (the whole view), ``wb-compare-groups`` (one
@@ -77,19 +79,24 @@ class Compare(PeriodicRefresh, pn.viewable.Viewer):
         else:
             self.shared = SharedComparison(Comparison(runs, metrics=_shared_metrics, cache_dir=cache_dir))
         self.comparison = self.shared.comparison
-        self.state = self.shared.state()
-        drawn = self.shared.drawn(self.state, self.x, self.show_seeds)
+        # the state another view read in the last half interval: views opened together share one
+        self.state = self.shared.state(self.interval_ms / 2000)
+        # served, the page does not wait for its plots to be drawn (the first view of these runs, or of a new
+        # set of lines): they come with a later tick
+        self._wait = not (self.live and _served())
+        drawn = self.shared.drawn(self.state, self.x, self.show_seeds, wait=self._wait)
         #: the lines the page holds now (and the state of the runs they are of)
         self._held: tuple[tuple, Lines] = (self.state, self.shared.lines(self.state, self.x))
         self._plots = ComparePlots(
-            item=drawn.item,
-            data=self.shared.update(drawn.state, drawn.lines, self.state, self.x),
+            item="" if drawn is None else drawn.item,
+            data="" if drawn is None else self.shared.update(drawn.state, drawn.lines, self.state, self.x),
             css_classes=["wb-compare-plots"],
             sizing_mode="stretch_width",
         )
-        self._shape = drawn.shape
+        #: the lines the page's drawing has (None while it waits for one)
+        self._shape: frozenset | None = None if drawn is None else drawn.shape
         self._outcomes = pn.pane.HTML(sizing_mode="stretch_width")
-        self._header = pn.pane.HTML(self._header_html(), sizing_mode="stretch_width")
+        self._header = pn.pane.HTML(sizing_mode="stretch_width")
         self._outcomes_version = -1
         self._show_outcomes()
         self.param.watch(lambda _e: self._redraw(), ["x", "show_seeds"])
@@ -119,19 +126,21 @@ class Compare(PeriodicRefresh, pn.viewable.Viewer):
         ``min_interval``: reuse a run's shared state if any view read it less than that many seconds ago."""
         state = self.shared.state(min_interval)
         self._show_outcomes()
-        if state == self.state:
+        changed = state != self.state
+        if not changed and self._shape is not None:
             return False
         self.state = state
         lines = self.lines()
-        if frozenset(lines) != self._shape:  # a line appeared or went: drawn again
+        if frozenset(lines) != self._shape:  # a line appeared or went (or the page awaits its plots): drawn
             self._redraw()
         else:
             self._plots.send(data=self.shared.update(*self._held, state, self.x))
             self._held = (state, lines)
-        return True
+        return changed
 
     def _tick(self) -> None:
-        if self.active:  # a tick reuses what another session read in the last half interval
+        # a tick reuses what another session read in the last half interval; a page awaiting its plots ticks on
+        if self.active or self._shape is None:
             self.refresh(self.interval_ms / 2000)
         else:
             self.stop()
@@ -139,7 +148,12 @@ class Compare(PeriodicRefresh, pn.viewable.Viewer):
     # ------------------------------------------------------------------ drawing
     def _redraw(self) -> None:
         """Draw the plots again (another x axis, seeds shown or hidden, or another set of lines)."""
-        drawn = self.shared.drawn(self.state, self.x, self.show_seeds)
+        drawn = self.shared.drawn(self.state, self.x, self.show_seeds, wait=self._wait)
+        if drawn is None:  # being drawn on the worker thread: a later tick sends it
+            self._shape = None
+            if self._callback is None and pn.state.curdoc is not None:
+                self.start()
+            return
         self._shape = drawn.shape
         self._plots.send(drawn.item, self.shared.update(drawn.state, drawn.lines, self.state, self.x))
         self._held = (self.state, self.lines())
@@ -184,13 +198,14 @@ class Compare(PeriodicRefresh, pn.viewable.Viewer):
         if self._outcomes_version == self.shared.outcomes_version:
             return
         self._outcomes_version = self.shared.outcomes_version
-        self._header.object = self._header_html()  # the runs' statuses
+        # written once per reading of the runs' statuses and evaluations for every view
+        self._header.object = self.shared.once("header_html", self._header_html)  # the runs' statuses
+        self._outcomes.object = self.shared.once("outcomes_html", self._outcomes_html)
+
+    def _outcomes_html(self) -> str:
         table = self.shared.outcomes()
         if table.empty:
-            self._outcomes.object = (
-                '<p class="wb-compare-outcomes">No run has a held-out evaluation before and after yet.</p>'
-            )
-            return
+            return '<p class="wb-compare-outcomes">No run has a held-out evaluation before and after yet.</p>'
         rows = []
         for row in table.itertuples():
             vs = f"{_pm(row.diff, row.diff_se)} vs {html.escape(row.vs)}" if row.vs else ""
@@ -201,7 +216,7 @@ class Compare(PeriodicRefresh, pn.viewable.Viewer):
                 f"<td>{row.tasks}</td><td>{row.before:.3f} → {row.after:.3f}</td><td>{_pm(row.rise, row.se)}{z}</td>"
                 f"<td>{vs}</td></tr>"
             )
-        self._outcomes.object = (
+        return (
             '<table class="wb-compare-outcomes"><caption>Held-out scores: before → after training, the rise ± its paired '
             "standard error, and the difference after from the first run (group) ± its paired SE on the same tasks"
             "</caption><tr><th>run / group</th><th>kind</th><th>runs</th><th>score</th><th>tasks</th>"
@@ -216,7 +231,7 @@ class Compare(PeriodicRefresh, pn.viewable.Viewer):
         self.stop()
 
     def __panel__(self) -> pn.viewable.Viewable:
-        if self.live and self.active:
+        if self.live and (self.active or self._shape is None):
             pn.state.onload(self.start)  # served: once the page is drawn; in a notebook: now
         download = pn.widgets.FileDownload(callback=self._csv, filename="comparison.csv", label="Download the outcomes (CSV)",
                                            css_classes=["wb-compare-csv"], embed=False)  # fmt: skip
@@ -228,6 +243,12 @@ class Compare(PeriodicRefresh, pn.viewable.Viewer):
             self._header, controls, self._plots, self._outcomes, download,
             css_classes=["wb-compare"], sizing_mode="stretch_width",
         )  # fmt: skip
+
+
+def _served() -> bool:
+    """Whether the current document is a served session's (else a notebook's, or none)."""
+    doc = pn.state.curdoc
+    return doc is not None and doc.session_context is not None
 
 
 def _cell(value: Any) -> str:

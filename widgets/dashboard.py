@@ -321,7 +321,8 @@ class Dashboard(pn.viewable.Viewer):
             getattr(view, "close", lambda: None)()
         self.selected, self._browser, self._graph, self._tabs = None, None, None, None
         self.compared = list(runs)
-        view = Compare(runs, interval_ms=max(self.refresh_ms, 2000))
+        # as often as the run's page: its reads and lines are shared by every view, a tick with nothing new is free
+        view = Compare(runs, interval_ms=self.refresh_ms)
         self._views = [view]
         ids = list(self.table.value["id"])
         self._chosen = [label for label in runs if label in ids]

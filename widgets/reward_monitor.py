@@ -311,40 +311,25 @@ def template(feed: MetricFeed, quantities: tuple[Quantity, ...], wait: bool = Tr
     return found
 
 
-class StreamedPlots(JSComponent):
-    """A Bokeh layout drawn in the browser from its ``json_item``, whose data sources the server then
-    streams by name: the server builds no Bokeh model for it, only sends the (shared) JSON and new points.
-
-    Messages (in order): ``{"item": JSON}`` draws another layout; ``{"tails": {name: [have, steps,
-    values]}}`` appends to source ``name`` the points past the ``have`` it already holds. A view that finds
-    a source missing or short of ``have`` (it missed a message) asks for ``{"resync": true}``."""
-
-    item = param.String(doc="The layout's json_item, as JSON text (the view's first drawing).")
-
-    _esm = """
-export function render({ model, el }) {
+#: The start of the scripts of the components that draw a Bokeh layout from its ``json_item`` in the browser
+#: (``StreamedPlots``, ``widgets.compare_plots.ComparePlots``): ``embedded(model, el, first, handle)`` takes
+#: ``first`` and then each message of the component in order: a message's ``item`` draws another layout in ``el``
+#: (none for an empty one: the plots come later), then ``handle(msg, doc)`` gives the rest of it to the drawn
+#: document (null before one).
+EMBEDDED_LAYOUT_JS = """
+function embedded(model, el, first, handle) {
   let views = null
   let doc = null
   let busy = false
-  const queue = [{item: model.item}]
+  const queue = [first]
 
   async function draw(item) {
     if (views != null) { views.clear() }
     views = doc = null
     el.replaceChildren()
-    if (!item) { return }  // no plots yet: they come with a later message
+    if (!item) { return }
     views = await Bokeh.embed.embed_item(JSON.parse(item), el)
     doc = views.roots[0].model.document
-  }
-
-  function stream(tails) {
-    for (const [name, [have, step, value]] of Object.entries(tails)) {
-      const source = doc == null ? null : doc.get_model_by_name(name)
-      const length = source == null ? -1 : source.get_length()
-      if (length < have) { model.send_msg({resync: true}); return }
-      const skip = length - have
-      if (skip < step.length) { source.stream({step: step.slice(skip), value: value.slice(skip)}) }
-    }
   }
 
   async function run() {
@@ -353,7 +338,8 @@ export function render({ model, el }) {
     try {
       while (queue.length > 0) {
         const msg = queue.shift()
-        if (msg.item != null) { await draw(msg.item) } else { stream(msg.tails) }
+        if (msg.item != null) { await draw(msg.item) }
+        handle(msg, doc)
       }
     } finally {
       busy = false
@@ -365,6 +351,36 @@ export function render({ model, el }) {
   run()
 }
 """
+
+
+class StreamedPlots(JSComponent):
+    """A Bokeh layout drawn in the browser from its ``json_item``, whose data sources the server then
+    streams by name: the server builds no Bokeh model for it, only sends the (shared) JSON and new points.
+
+    Messages (in order): ``{"item": JSON}`` draws another layout; ``{"tails": {name: [have, steps,
+    values]}}`` appends to source ``name`` the points past the ``have`` it already holds. A view that finds
+    a source missing or short of ``have`` (it missed a message) asks for ``{"resync": true}``."""
+
+    item = param.String(doc="The layout's json_item, as JSON text (the view's first drawing).")
+
+    _esm = (
+        EMBEDDED_LAYOUT_JS
+        + """
+export function render({ model, el }) {
+  function stream(doc, tails) {
+    for (const [name, [have, step, value]] of Object.entries(tails)) {
+      const source = doc == null ? null : doc.get_model_by_name(name)
+      const length = source == null ? -1 : source.get_length()
+      if (length < have) { model.send_msg({resync: true}); return }
+      const skip = length - have
+      if (skip < step.length) { source.stream({step: step.slice(skip), value: value.slice(skip)}) }
+    }
+  }
+
+  embedded(model, el, {item: model.item}, (msg, doc) => { if (msg.tails != null) { stream(doc, msg.tails) } })
+}
+"""
+    )
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)

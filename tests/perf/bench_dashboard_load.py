@@ -23,9 +23,11 @@ document, the update lag (the step's ``finished_at`` in the store to the viewer'
 later step) at p50 and p95 (target p95 <= 5 s), and the steps a viewer never showed by the end
 (``updates_missed``); sessions that failed; tracebacks in the server's log; the server's CPU seconds while
 watched, and whether it ever loaded torch (it must not); the clients' own CPU seconds and the longest
-their event loop was late (their times are only as good as that); the trainer's steps/s unwatched and watched, and their ratio (target >= 0.8); the machine's load
-average before and after. The JSON's top level is the first phase (every viewer on the run's page);
-``compare`` holds the second: the figures of the run's pages and of the comparisons, the trainer's ratio, and
+their event loop was late (their times are only as good as that); the trainer's steps/s unwatched and
+watched, and their ratio (target >= 0.8); the machine's load average before and after; whether the trainer
+trained to the end (``trainer``: still running when the measuring ended, and its last step's distance from
+that end; the run's 100,000 steps outlast any mode). The JSON's top level is the first phase (every viewer on
+the run's page); ``compare`` holds the second: the figures of the run's pages and of the comparisons, the trainer's ratio, and
 the ratios of the second phase to the first (first document p95, update lag p95, server CPU, trainer steps/s),
 measured side by side on the same run and machine. ``--server-path DIR`` puts DIR first on the server's
 ``PYTHONPATH`` (to measure other widgets, e.g. an older checkout's, side by side).
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import subprocess
 import sys
@@ -405,6 +408,9 @@ def main(argv: list[str] | None = None) -> dict:
                 second, second_late = asyncio.run(watch(url, run_id, paths, 0, watched_s + TARGET_S))
                 second_cpu = {"first": server_cpu_watched, "second": cpu_seconds(server.pid) - server_cpu}
             server_torch = imported_torch(server.pid)
+            # the trainer must have trained through every phase: a run that ended early (it exits on its own
+            # only by failing) leaves phases without steps, and their rates mean nothing
+            measured_to, trainer_code = time.time(), trainer.poll()
             finished = _finished(db)
         finally:
             for process in (trainer, server):
@@ -442,6 +448,11 @@ def main(argv: list[str] | None = None) -> dict:
             round(_rate(finished, t, t + 5.0), 2) for t in np.arange(unwatched_from, watched_to, 5.0)
         ],
         "steps_stored": len(finished),
+        "trainer": {
+            "running_at_end": trainer_code is None,
+            "exit_code": trainer_code,
+            "last_step_before_end_s": measured_to - max(finished.values()) if finished else None,
+        },
         "server_cpu_s": {"unwatched": server_cpu_unwatched, "watched": server_cpu_watched},
         "server_imported_torch": server_torch,
         "client_cpu_s": client_cpu,
@@ -482,6 +493,12 @@ def main(argv: list[str] | None = None) -> dict:
             f"{args.browsers} Chromium pages: first document p95 {_s(c['first_doc_s']['p95'])}, update lag p95 "
             f"{_s(c['update_lag_s']['p95'])} over {c['update_lag_s']['updates']} updates; "
             f"{len(c['session_failures'])} failed"
+        )
+    trained = figures["trainer"]
+    if not trained["running_at_end"] or (trained["last_step_before_end_s"] or math.inf) > TARGET_S:
+        print(
+            f"WARNING: the trainer did not train to the end (exit code {trained['exit_code']}, its last step "
+            f"{_s(trained['last_step_before_end_s'])} before the end): the rates of the phases after it are void"
         )
     print(f"written to {args.out}")
     return figures
