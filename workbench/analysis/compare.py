@@ -20,11 +20,14 @@ standard error is still a paired one over tasks. Each run (group) is also compar
 on the scores after training, paired where both were evaluated on the same tasks (else left empty).
 
 A role's score is its own reward, so a Verifier rewarded with the trajectory's outcome scores the outcome, not
-its verdicts. A run with Verifiers (roles whose parser reads a verdict) therefore also has a ``verdicts right``
-row, counted the same way whatever the reward (``workbench.analysis.verdicts``): the share of its Verifiers'
-verdicts that were right, on the problems of its first complete step (before) and of its last (after), each
-step's problems new to the policy that judged them; its standard errors are those of independent proportions
-(other problems, other samples), and it is compared with the first run that has one.
+its verdicts. Each Verifier (a role whose parser reads a verdict) therefore also has a held-out ``<role>: verdicts
+right`` row where the run's evaluations score its verdicts (``verdicts:<role>``, stored since 2026-11-28; older
+runs and summaries have none): per task the share of its verdicts that were right against the truth of what it
+judged, before and after, with the paired rise and SE like every held-out row. A run with Verifiers also has a
+training-time ``verdicts right`` row, counted the same way whatever the reward (``workbench.analysis.verdicts``):
+the share of its Verifiers' verdicts that were right, on the problems of its first complete step (before) and of
+its last (after), each step's problems new to the policy that judged them; its standard errors are those of
+independent proportions (other problems, other samples), and it is compared with the first run that has one.
 
 Curves are read from the store (``RunReader.metrics``) or from frames a caller already holds (the dashboard's
 shared polls: ``metrics=``); wall time is the running sum of a run's ``time/step_s``, samples seen the
@@ -44,7 +47,7 @@ from typing import Any
 import pandas as pd
 
 from workbench.analysis.verdicts import verdict_counts, verdict_measures, verifier_roles
-from workbench.rl.evaluation import OUTCOME, paired_rise
+from workbench.rl.evaluation import OUTCOME, VERDICTS_PREFIX, paired_rise
 from workbench.store import RunReader
 from workbench.store.layout import DB_NAME
 from workbench.store.summary import is_summary, open_summary
@@ -76,6 +79,8 @@ class Panel:
     title: str
     names: tuple[str, ...] = ()
     prefix: str | None = None
+    #: a prefix panel leaves out the metrics whose name holds one of these (counts beside the scores)
+    skip: tuple[str, ...] = ()
 
 
 PANELS = (
@@ -85,7 +90,7 @@ PANELS = (
     Panel("response length (tokens)", ("length/mean",)),
     Panel("entropy", ("entropy",)),
     Panel("gradient share", ("grad_share",)),
-    Panel("held-out scores", prefix="eval/"),
+    Panel("held-out scores", prefix="eval/", skip=("/verdicts/",)),
 )
 #: The x axes a comparison can draw its curves along.
 X_AXES = ("step", "wall_s", "samples")
@@ -236,6 +241,8 @@ def run_curves(metrics: pd.DataFrame, panels: Sequence[Panel] = PANELS) -> pd.Da
     for panel in panels:
         if panel.prefix is not None:
             chosen = rows[rows["name"].str.startswith(panel.prefix)]
+            for part in panel.skip:
+                chosen = chosen[~chosen["name"].str.contains(part, regex=False)]
             series = chosen["name"].str.slice(len(panel.prefix))
         else:
             chosen = rows[rows["name"].isin(panel.names)]
@@ -317,7 +324,9 @@ def outcome_rows(
     """The outcome rows of one run or group: per score (each role's, then the system's final answer) the
     held-out mean before and after, the paired rise and its SE, and the paired difference of the scores after
     from ``baseline``'s (its name and per-task scores after) where both hold the same tasks."""
-    keys = sorted({k for scores in before.values() for k in scores} - {OUTCOME}) + [OUTCOME]
+    found = {k for scores in before.values() for k in scores} - {OUTCOME}
+    judged = sorted(k for k in found if k.startswith(VERDICTS_PREFIX))
+    keys = sorted(found - set(judged)) + judged + [OUTCOME]
     same_tasks = baseline is not None and baseline[0] != name and set(baseline[1]) == set(after)
     rows = []
     for key in keys:
@@ -330,12 +339,25 @@ def outcome_rows(
         rise, se = _rise(before, after, key)
         diff, diff_se = _rise(baseline[1], after, key) if same_tasks else (math.nan, math.nan)
         rows.append({
-            "name": name, "kind": kind, "runs": runs, "score": SYSTEM if key == OUTCOME else key,
+            "name": name, "kind": kind, "runs": runs, "score": _score_label(key),
             "tasks": len(before), "before": mean_before, "after": mean_after, "rise": rise, "se": se,
             "z": rise / se if se and not math.isnan(se) else math.nan,
             "vs": baseline[0] if same_tasks else "", "diff": diff, "diff_se": diff_se,
         })  # fmt: skip
     return rows
+
+
+def verdicts_score(role: str) -> str:
+    """The outcomes table's label of a Verifier's held-out verdicts right (``verifier1: verdicts right``)."""
+    return f"{role}: {VERDICTS}"
+
+
+def _score_label(key: str) -> str:
+    if key == OUTCOME:
+        return SYSTEM
+    if key.startswith(VERDICTS_PREFIX):
+        return verdicts_score(key[len(VERDICTS_PREFIX) :])
+    return key
 
 
 def verdicts(run_dir: Path, spec: Any) -> Verdicts | None:
@@ -535,4 +557,5 @@ __all__ = [
     "task_means",
     "verdict_row",
     "verdicts",
+    "verdicts_score",
 ]

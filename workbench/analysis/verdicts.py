@@ -17,22 +17,17 @@ from typing import Any
 
 import pandas as pd
 
-from workbench.engine.parsers import VERDICT_PARSERS
-from workbench.rl.metrics import confusion_cell
+from workbench.rl.metrics import VERDICT_CELLS, verdict_cell, verdict_truth, verifier_role_names
 from workbench.store import RunReader
 
 #: The columns of ``verdict_counts``: the confusion cells and the calls with no verdict.
-CELLS = ("tp", "fp", "tn", "fn", "no_verdict")
+CELLS = VERDICT_CELLS
 
 
 def verifier_roles(spec: Mapping[str, Any]) -> set[str]:
     """The roles of a topology (as plain data, ``topology.to_dict``) whose parser reads a verdict."""
     roles = spec.get("roles") or {}
-    return {
-        name
-        for name, role in roles.items()
-        if isinstance(role, Mapping) and role.get("parser") in VERDICT_PARSERS
-    }
+    return verifier_role_names({n: r for n, r in roles.items() if isinstance(r, Mapping)})
 
 
 def verdict_counts(
@@ -42,17 +37,18 @@ def verdict_counts(
     steps ``steps`` where given."""
     with RunReader(run_dir) as reader:
         calls = reader.calls(step=steps, columns=["step", "role", "source_id", "action", "rewards"])
-    accuracy = {i: (r or {}).get("accuracy") for i, r in zip(calls["id"], calls["rewards"], strict=True)}
+    rewards_of = dict(zip(calls["id"], calls["rewards"], strict=True))
     counts: dict[int, dict[str, float]] = {}
     for step, role, source, action, rewards in zip(
         calls["step"], calls["role"], calls["source_id"], calls["action"], calls["rewards"], strict=True
     ):
-        truth = (rewards or {}).get("judged_correct", accuracy.get(source) if pd.notna(source) else None)
-        if role not in judges or truth is None:
+        if role not in judges:
+            continue
+        truth = verdict_truth(rewards, rewards_of.get(source) if pd.notna(source) else None)
+        if truth is None:
             continue
         verdict = action.get("verdict") if isinstance(action, Mapping) else None
-        cell = "no_verdict" if verdict is None or pd.isna(verdict) else confusion_cell(verdict, truth >= 1.0)
-        counts.setdefault(int(step), dict.fromkeys(CELLS, 0.0))[cell] += 1
+        counts.setdefault(int(step), dict.fromkeys(CELLS, 0.0))[verdict_cell(verdict, truth)] += 1
     frame = pd.DataFrame.from_dict(counts, orient="index", columns=list(CELLS)).sort_index()
     frame.index.name = "step"
     return frame

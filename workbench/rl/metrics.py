@@ -12,12 +12,13 @@ correct one.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from workbench.engine.mas_graph import degree
+from workbench.engine.parsers import VERDICT_PARSERS
 from workbench.engine.records import EpisodeRecord
 from workbench.rewards.assign import verdict_of
 from workbench.rl.advantages import AdvantageStats
@@ -147,3 +148,37 @@ def confusion_cell(verdict: str, was_correct: bool) -> str:
     """A Verifier's verdict against the truth, "the solution is correct" counting as positive: tp, fp, tn or fn."""
     said_correct = verdict == "correct"
     return ("t" if said_correct == was_correct else "f") + ("p" if said_correct else "n")
+
+
+#: The cells a Verifier's verdict falls in (``verdict_cell``): the confusion cells and the calls with no verdict.
+VERDICT_CELLS = ("tp", "fp", "tn", "fn", "no_verdict")
+
+
+def verifier_role_names(roles: Mapping[str, Any]) -> set[str]:
+    """The Verifiers among ``roles`` (name -> a topology's ``Role`` or its plain-data dict): the roles whose
+    parser reads a verdict (``VERDICT_PARSERS``), whatever they are rewarded with."""
+    found = set()
+    for name, role in roles.items():
+        parser = role.get("parser") if isinstance(role, Mapping) else getattr(role, "parser", None)
+        if parser in VERDICT_PARSERS:
+            found.add(name)
+    return found
+
+
+def verdict_truth(
+    rewards: Mapping[str, Any] | None, source_rewards: Mapping[str, Any] | None
+) -> float | None:
+    """The truth of what a Verifier's call judged (1: the solution was right): its reward's ``judged_correct``
+    or, failing that, the ``accuracy`` of the call it read (its source); None where neither says."""
+    found = (rewards or {}).get("judged_correct")
+    if found is None:
+        found = (source_rewards or {}).get("accuracy")
+    return None if found is None or found != found else float(found)  # NaN (a store's empty cell): unknown
+
+
+def verdict_cell(verdict: str | None, truth: float) -> str:
+    """The cell of ``VERDICT_CELLS`` a Verifier's verdict (None or NaN: none written) falls in against ``truth``:
+    no verdict is counted apart, and is not right."""
+    if verdict is None or verdict != verdict:
+        return "no_verdict"
+    return confusion_cell(verdict, truth >= 1.0)
