@@ -223,7 +223,7 @@ def _wait_for_run(runs: Path, trainer: subprocess.Popen, steps: int, timeout: fl
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if trainer.poll() is not None:
-            raise RuntimeError(f"workbench train exited with {trainer.returncode}: {trainer.stdout.read()}")
+            raise RuntimeError(f"workbench train exited with {trainer.returncode}: {Path(trainer.log_path).read_text()}")
         dbs = list(runs.glob("*/run.db"))
         if dbs:
             try:
@@ -372,15 +372,20 @@ def main(argv: list[str] | None = None) -> dict:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         # both run from tmp: ``python -m`` puts its working directory before PYTHONPATH (and --server-path)
+        # their output goes to files: a pipe nobody reads until the end fills (64 KB, some 550 steps' lines)
+        # and blocks the trainer's next print, which stopped it mid-benchmark
+        server_out = open(Path(tmp) / "server.log", "w")  # noqa: SIM115 - closed after the processes end
+        train_out = open(Path(tmp) / "train.log", "w")  # noqa: SIM115
         server = subprocess.Popen(
             [sys.executable, "-m", "workbench.cli", "serve", str(runs), "--port", str(port), "--users", str(users)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp,
+            stdout=server_out, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp,
         )  # fmt: skip
         settings = [a for k, v in {**TRAIN, "runs_dir": str(runs)}.items() for a in ("--set", f"{k}={v}")]
         trainer = subprocess.Popen(
             [sys.executable, "-m", "workbench.cli", "train", *settings],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp,
+            stdout=train_out, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp,
         )  # fmt: skip
+        trainer.log_path = train_out.name  # type: ignore[attr-defined]
         viewers: list[Viewer] = []
         try:
             wait_until_up(f"{url}/login", server)
@@ -415,8 +420,12 @@ def main(argv: list[str] | None = None) -> dict:
         finally:
             for process in (trainer, server):
                 process.terminate()
-            train_log, _ = trainer.communicate(timeout=60)
-            log, _ = server.communicate(timeout=30)
+            trainer.wait(timeout=60)
+            server.wait(timeout=30)
+            server_out.close()
+            train_out.close()
+            train_log = (Path(tmp) / "train.log").read_text()
+            log = (Path(tmp) / "server.log").read_text()
     unwatched_rate = _rate(finished, unwatched_from, unwatched_to)
     watched_rate = _rate(finished, unwatched_to, watched_to)
     clients = [v for v in viewers if v.kind == "client"]
