@@ -23,6 +23,7 @@ import multiprocessing.forkserver
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -386,3 +387,8 @@ def test_the_memory_plan_counts_the_gradients_a_deferred_sync_keeps_unsharded():
     assert small.terms["unsharded_layers"] < tight.terms["unsharded_layers"]  # a unit's gradients, not all
     assert plan("qwen2-mini", gpus=1, token_budget=128).terms["unsharded_gradients"] == 0  # nothing to reduce
     assert defers_gradient_sync([torch.zeros(10**6)], torch.device("cpu"))  # the host's memory
+    # the GPU branch reads the device's memory (a stand-in with CUDA's signature: 40 MB, 4 MB of fp32 gradient)
+    gpu = type("Properties", (), {"total_memory": 40 * 10**6})()
+    with mock.patch.object(torch.cuda, "get_device_properties", lambda device: gpu):
+        assert defers_gradient_sync([torch.zeros(10**6)], torch.device("cuda", 0))  # 4 MB: a tenth
+        assert not defers_gradient_sync([torch.zeros(10**6 + 1)], torch.device("cuda", 0))
